@@ -1,0 +1,38 @@
+"""jaxvb: fixed-form variational posterior approximation by stochastic linear regression.
+
+Salimans & Knowles (2013), "Fixed-Form Variational Posterior Approximation through
+Stochastic Linear Regression", Bayesian Analysis 8(4), in JAX.
+
+Example:
+  >>> import jax, jax.numpy as jnp, jaxvb
+  >>> log_joint = lambda x: -0.5 * jnp.sum((x - 1.0) ** 2)
+  >>> res = jaxvb.fit(log_joint, jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)),
+  ...                 jax.random.key(0), num_steps=100)
+  >>> res.q.mean.round(6).tolist()
+  [1.0, 1.0]
+"""
+
+from jaxvb import diagnostics, families, methods
+from jaxvb._fit import FitError, FitWarning, Result, Status, Trace, explain, fit
+from jaxvb.families import Beta, Exponential, ExponentialFamily, Gamma, Gaussian, InverseGamma
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Beta",
+    "Exponential",
+    "ExponentialFamily",
+    "FitError",
+    "FitWarning",
+    "Gamma",
+    "Gaussian",
+    "InverseGamma",
+    "Result",
+    "Status",
+    "Trace",
+    "diagnostics",
+    "explain",
+    "families",
+    "fit",
+    "methods",
+]

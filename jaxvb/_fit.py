@@ -1,0 +1,432 @@
+"""``fit``: the one stochastic-approximation loop shared by every method.
+
+Algorithm 1 of the paper, written once over pytrees of regression statistics:
+
+    stats <- init(q0)
+    for t in 1..N:                          # one lax.scan, fixed step w = 1/sqrt(N)
+        s^    <- estimate(draw from q_t)    # unbiased, from one or a few draws
+        stats <- (1 - w) stats + w s^
+        q_t+1 <- solve(stats)
+        if t > N/2: average s^              # the second half, on the statistics
+    q <- solve(average)
+
+The method (``jaxvb.methods``) decides which statistics and how they are estimated.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import warnings
+from functools import partial
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxvb import diagnostics
+from jaxvb.families._base import ExponentialFamily, is_concrete
+from jaxvb.methods import Method, regression
+
+
+class Status(enum.IntFlag):
+    """Bit flags in ``Result.status``; ``0`` means the fit went as planned."""
+
+    OK = 0
+    #: An intermediate update was not a proper distribution (the paper's "increase the
+    #: number of iterations" case); draws continued from the last proper iterate.
+    IMPROPER_PROPOSAL = 1
+    #: The averaged solution was not a proper distribution; ``q`` is the last proper
+    #: iterate and should not be trusted.
+    IMPROPER_RESULT = 2
+    #: ``log_joint`` was NaN or infinite at a draw during the fit; that draw was left
+    #: out of the statistics.
+    NONFINITE_LOG_DENSITY = 4
+    #: ``log_joint`` was NaN or infinite at some of the draws used for the diagnostics.
+    NONFINITE_DIAGNOSTICS = 8
+
+
+_ERRORS = Status.IMPROPER_RESULT | Status.NONFINITE_LOG_DENSITY
+
+
+class Trace(NamedTuple):
+    """Per-step information, stacked over steps (only with ``fit(..., trace=True)``).
+
+    Attributes:
+      natural_params: ``(num_steps, k)``, the natural parameters of ``q_{t+1}``.
+      log_density: ``(num_steps,)``, the mean of ``log_joint`` over the step's draws.
+      proper: ``(num_steps,)``, whether the step's update was a proper distribution.
+    """
+
+    natural_params: jax.Array
+    log_density: jax.Array
+    proper: jax.Array
+
+
+class Result(NamedTuple):
+    """What :func:`fit` returns: the approximation, its diagnostics and a status.
+
+    Attributes:
+      q: the fitted approximation, of the same family type as ``q0``.
+      elbo, log_evidence, kl, r_squared, residual_variance, elbo_stderr: section 4's
+        diagnostics (see :mod:`jaxvb.diagnostics`).
+      status: ``int32`` bit flags, see :class:`Status`; ``0`` when all went well.
+      first_improper_step: the first step whose update was improper (``-1`` if none).
+      first_nonfinite_step: the first step at which ``log_joint`` was not finite.
+      nonfinite_draw: the draw ``x`` at that step (zeros if none).
+      trace: :class:`Trace` when asked for, else ``None``.
+    """
+
+    q: Any
+    elbo: jax.Array
+    log_evidence: jax.Array
+    kl: jax.Array
+    r_squared: jax.Array
+    residual_variance: jax.Array
+    elbo_stderr: jax.Array
+    status: jax.Array
+    first_improper_step: jax.Array
+    first_nonfinite_step: jax.Array
+    nonfinite_draw: jax.Array
+    trace: Trace | None
+
+    @property
+    def ok(self) -> jax.Array:
+        """True where the status is clean."""
+        return self.status == 0
+
+    @property
+    def message(self) -> str:
+        """A readable account of the status flags (of a single, concrete result)."""
+        return explain(self)
+
+
+class FitError(RuntimeError):
+    """A fit whose result cannot be trusted; the flagged result is in ``.result``."""
+
+    def __init__(self, message: str, result: Result):
+        super().__init__(message)
+        self.result = result
+
+
+class FitWarning(UserWarning):
+    """A fit that finished but whose status has a flag worth knowing about."""
+
+
+def explain(result: Result) -> str:
+    """Describes each flag of a concrete ``result.status``: what happened and what to do."""
+    status = Status(int(np.asarray(result.status)))
+    if status == Status.OK:
+        return "ok"
+    lines = []
+    if Status.IMPROPER_RESULT in status:
+        lines.append(
+            "the averaged statistics do not define a proper distribution, so the fit has "
+            "not converged; `q` is the last proper iterate. Increase num_steps (the paper's "
+            "remedy), start closer to the posterior, or use more draws per step."
+        )
+    if Status.IMPROPER_PROPOSAL in status:
+        lines.append(
+            "an intermediate update (first at step "
+            f"{int(result.first_improper_step)}) was not a proper distribution (e.g. a "
+            "negative rate or precision); draws continued from the last proper iterate. "
+            "The result may still be fine (check r_squared); a larger num_steps makes "
+            "this rarer."
+        )
+    if Status.NONFINITE_LOG_DENSITY in status:
+        x = np.asarray(result.nonfinite_draw)
+        lines.append(
+            f"log_joint was not finite at x = {x.tolist()} (first at step "
+            f"{int(result.first_nonfinite_step)}); such draws were left out. Make sure "
+            "log_joint is finite on the whole support of the approximating family (e.g. "
+            "use Gamma for a positive parameter, or transform it to the real line)."
+        )
+    if Status.NONFINITE_DIAGNOSTICS in status:
+        lines.append(
+            "log_joint was not finite at some draws of the fitted q; the diagnostics "
+            "leave them out. q puts mass where the model has none."
+        )
+    return "; ".join(lines)
+
+
+class _State(NamedTuple):
+    stats: Any
+    sums: Any
+    count: jax.Array
+    q: Any
+    status: jax.Array
+    first_improper_step: jax.Array
+    first_nonfinite_step: jax.Array
+    nonfinite_draw: jax.Array
+
+
+_METHODS: dict[str, Callable[[], Method]] = {"regression": regression}
+
+
+def _resolve_method(method, q0) -> Method:
+    if method is None:
+        return regression()
+    if isinstance(method, Method):
+        return method
+    if isinstance(method, str):
+        if method not in _METHODS:
+            raise ValueError(f"unknown method {method!r}; choose from {sorted(_METHODS)}")
+        return _METHODS[method]()
+    raise TypeError(f"method must be a name or a jaxvb.methods.Method, got {method!r}")
+
+
+def _check_log_joint(log_joint, q0) -> None:
+    x = jax.ShapeDtypeStruct(q0.event_shape, q0.dtype)
+    try:
+        out = jax.eval_shape(log_joint, x)
+    except Exception as e:
+        raise ValueError(
+            f"log_joint failed on a draw of shape {q0.event_shape} ({q0.dtype}) from "
+            f"q0 = {type(q0).__name__} with event shape {q0.event_shape}: {e}. Does q0 "
+            "have the dimension log_joint expects?"
+        ) from e
+    if not isinstance(out, jax.ShapeDtypeStruct):
+        raise TypeError(f"log_joint must return one array, got {type(out).__name__}")
+    if out.shape != ():
+        raise ValueError(
+            f"log_joint must return a scalar, got shape {out.shape}. Sum the terms of the "
+            "log density (e.g. jnp.sum(...)), and check that q0 has the model's dimension."
+        )
+    if not jnp.issubdtype(out.dtype, jnp.floating):
+        raise TypeError(
+            f"log_joint must return a floating-point scalar, got dtype {out.dtype}. "
+            "Return the log density itself, not a count or a boolean."
+        )
+
+
+def fit(
+    log_joint: Callable[[jax.Array], jax.Array],
+    q0: ExponentialFamily,
+    key: jax.Array,
+    *,
+    num_steps: int,
+    method: str | Method | None = None,
+    step_size: float | None = None,
+    num_draws: int = 1,
+    antithetic: bool = False,
+    num_eval_draws: int = 1000,
+    trace: bool = False,
+    on_failure: str = "raise",
+) -> Result:
+    r"""Fits ``q`` to the posterior ``p(x) ∝ exp(log_joint(x))`` by stochastic linear regression.
+
+    Runs Algorithm 1 of Salimans & Knowles (2013) -- or another method of
+    :mod:`jaxvb.methods` -- as one ``lax.scan`` with a fixed step ``w = 1/sqrt(N)``,
+    averages the statistics over the second half of the steps and solves them once more.
+    Pure and traceable: ``jit`` and ``vmap`` over data and keys work, and the same key
+    gives the same result bit for bit.
+
+    Args:
+      log_joint: unnormalised log posterior, ``x -> scalar``, for ``x`` of shape
+        ``q0.event_shape``; written with ``jax.numpy``.
+      q0: the starting approximation; fixes the family of the result.
+      key: a JAX random key, the only source of randomness.
+      num_steps: ``N``, the number of iterations.
+      method: ``"regression"`` (default: Algorithm 1), or a
+        :class:`~jaxvb.methods.Method` such as ``jaxvb.methods.regression(estimator=...)``.
+      step_size: ``w``; default ``1/sqrt(num_steps)``.
+      num_draws: draws per step, vmapped; the estimates are averaged.
+      antithetic: add the antithetic partner of each draw (``2 * num_draws`` per step).
+      num_eval_draws: draws of the fitted ``q`` for the diagnostics.
+      trace: also return per-step :class:`Trace` information.
+      on_failure: what a flagged result does when ``fit`` runs outside ``jit``/``vmap``:
+        ``"raise"`` (a :class:`FitError` carrying the result; warnings for milder
+        flags), ``"warn"`` or ``"ignore"``. Under ``jit``/``vmap`` only the status flags.
+
+    Returns:
+      :class:`Result` with ``.q``, ``.elbo``, ``.log_evidence``, ``.kl``, ``.r_squared``
+      and ``.status``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> log_joint = lambda x: 3.0 * jnp.log(x[0]) - 2.0 * x[0]   # Gamma(4, 2)
+      >>> res = jaxvb.fit(log_joint, jaxvb.Gamma(jnp.ones(1), jnp.ones(1)),
+      ...                 jax.random.key(0), num_steps=50)
+      >>> [round(float(v), 6) for v in (res.q.concentration[0], res.q.rate[0])]
+      [4.0, 2.0]
+    """
+    if not isinstance(q0, ExponentialFamily):
+        raise TypeError(
+            f"q0 must be a jaxvb family such as jaxvb.Gaussian(mean, cov), got "
+            f"{type(q0).__name__}"
+        )
+    m = _resolve_method(method, q0)
+    if not isinstance(num_steps, (int, np.integer)) or num_steps < 2:
+        raise ValueError(f"num_steps must be an integer >= 2, got {num_steps!r}")
+    if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
+        raise ValueError(f"num_draws must be a positive integer, got {num_draws!r}")
+    if on_failure not in ("raise", "warn", "ignore"):
+        raise ValueError(f"on_failure must be 'raise', 'warn' or 'ignore', got {on_failure!r}")
+    per_step = num_draws * (2 if antithetic else 1)
+    averaged = (num_steps - num_steps // 2) * per_step
+    needed = m.min_draws(q0)
+    if averaged < needed:
+        least = 2 * math.ceil(needed / per_step)
+        raise ValueError(
+            f"num_steps={num_steps} is too small for {m.name} on {type(q0).__name__}: the "
+            f"average over the second half holds {averaged} draws, but solving for its "
+            f"{needed} unknowns needs at least {needed}. Use num_steps >= {least} (the "
+            "paper's 2(k + 1) with one draw per step), or more draws per step."
+        )
+    if antithetic:
+        q0.antithetic(q0.noise(jax.random.key(0)))  # raises early where unsupported
+    if step_size is None:
+        step_size = 1.0 / math.sqrt(num_steps)
+    if is_concrete(step_size) and not 0.0 < float(step_size) <= 1.0:
+        raise ValueError(f"step_size must lie in (0, 1], got {step_size}")
+    _check_log_joint(log_joint, q0)
+
+    result = _fit(
+        log_joint,
+        q0,
+        key,
+        jnp.asarray(step_size, q0.dtype),
+        method=m,
+        num_steps=int(num_steps),
+        num_draws=int(num_draws),
+        antithetic=bool(antithetic),
+        num_eval_draws=int(num_eval_draws),
+        trace=bool(trace),
+    )
+    if on_failure != "ignore" and is_concrete(result.status) and result.status.ndim == 0:
+        status = Status(int(result.status))
+        if status:
+            if on_failure == "raise" and status & _ERRORS:
+                raise FitError(f"jaxvb.fit: {explain(result)}", result)
+            warnings.warn(f"jaxvb.fit: {explain(result)}", FitWarning, stacklevel=2)
+    return result
+
+
+def _where_tree(pred, a, b):
+    return jax.tree_util.tree_map(lambda u, v: jnp.where(pred, u, v), a, b)
+
+
+@partial(
+    jax.jit,
+    static_argnames=(
+        "log_joint",
+        "method",
+        "num_steps",
+        "num_draws",
+        "antithetic",
+        "num_eval_draws",
+        "trace",
+    ),
+)
+def _fit(
+    log_joint, q0, key, w, *, method, num_steps, num_draws, antithetic, num_eval_draws, trace
+):
+    dtype = q0.dtype
+
+    def log_p_fn(x):
+        return jnp.asarray(log_joint(x)).astype(dtype)
+
+    key_fit, key_eval = jax.random.split(key)
+    stats0 = method.init(q0)
+    state0 = _State(
+        stats=stats0,
+        sums=jax.tree_util.tree_map(jnp.zeros_like, stats0),
+        count=jnp.zeros((), dtype),
+        q=q0,
+        status=jnp.zeros((), jnp.int32),
+        first_improper_step=jnp.full((), -1, jnp.int32),
+        first_nonfinite_step=jnp.full((), -1, jnp.int32),
+        nonfinite_draw=jnp.zeros(q0.event_shape, dtype),
+    )
+    half = num_steps / 2
+
+    def step(state, inputs):
+        key_t, t = inputs
+        q = state.q
+        noise = jax.vmap(method.noise, (0, None))(jax.random.split(key_t, num_draws), q)
+        if antithetic:
+            flipped = jax.vmap(lambda n: jax.tree_util.tree_map(q.antithetic, n))(noise)
+            noise = jax.tree_util.tree_map(
+                lambda a, b: jnp.concatenate([a, b]), noise, flipped
+            )
+        s_hat, x, log_p = jax.vmap(method.estimate, (0, None, None))(noise, q, log_p_fn)
+
+        # A draw counts only if every statistic it gives is finite.
+        finite = jax.tree_util.tree_map(
+            lambda v: jnp.all(jnp.isfinite(v.reshape(v.shape[0], -1)), axis=1), s_hat
+        )
+        ok = jnp.all(jnp.stack(jax.tree_util.tree_leaves(finite)), axis=0)
+        n_ok = jnp.sum(ok).astype(dtype)
+        total = jax.tree_util.tree_map(
+            lambda v: jnp.sum(jnp.where(ok.reshape((-1,) + (1,) * (v.ndim - 1)), v, 0), 0),
+            s_hat,
+        )
+        mean = jax.tree_util.tree_map(lambda v: v / jnp.maximum(n_ok, 1.0), total)
+        w_t = jnp.where(n_ok > 0, w, 0.0)
+        stats = jax.tree_util.tree_map(
+            lambda s, h: (1.0 - w_t) * s + w_t * h, state.stats, mean
+        )
+        in_avg = t > half
+        sums = jax.tree_util.tree_map(
+            lambda a, v: a + jnp.where(in_avg, v, 0.0), state.sums, total
+        )
+        count = state.count + jnp.where(in_avg, n_ok, 0.0)
+
+        q_new = method.solve(stats, q)
+        proper = q_new.is_proper
+        q_next = _where_tree(proper, q_new, q)
+
+        bad = ~jnp.all(ok)
+        first_bad = jnp.argmin(ok)
+        new_nonfinite = bad & (state.first_nonfinite_step < 0)
+        new_improper = ~proper & (state.first_improper_step < 0)
+        status = (
+            state.status
+            | jnp.where(proper, 0, int(Status.IMPROPER_PROPOSAL))
+            | jnp.where(bad, int(Status.NONFINITE_LOG_DENSITY), 0)
+        ).astype(jnp.int32)
+        new_state = _State(
+            stats=stats,
+            sums=sums,
+            count=count,
+            q=q_next,
+            status=status,
+            first_improper_step=jnp.where(new_improper, t, state.first_improper_step),
+            first_nonfinite_step=jnp.where(new_nonfinite, t, state.first_nonfinite_step),
+            nonfinite_draw=jnp.where(
+                new_nonfinite, x[first_bad].astype(dtype), state.nonfinite_draw
+            ),
+        )
+        info = None
+        if trace:
+            mean_log_p = jnp.sum(jnp.where(ok, log_p, 0.0)) / jnp.maximum(n_ok, 1.0)
+            info = Trace(q_next.natural_params, mean_log_p, proper)
+        return new_state, info
+
+    keys = jax.random.split(key_fit, num_steps)
+    steps = jnp.arange(1, num_steps + 1, dtype=jnp.int32)
+    state, infos = jax.lax.scan(step, state0, (keys, steps))
+
+    averaged = jax.tree_util.tree_map(lambda v: v / jnp.maximum(state.count, 1.0), state.sums)
+    q_avg = method.solve(averaged, state.q)
+    good = q_avg.is_proper & (state.count > 0)
+    q = _where_tree(good, q_avg, state.q)
+    status = state.status | jnp.where(good, 0, int(Status.IMPROPER_RESULT))
+
+    diag = diagnostics.evaluate(key_eval, q, log_p_fn, num_eval_draws)
+    status = status | jnp.where(diag.num_nonfinite > 0, int(Status.NONFINITE_DIAGNOSTICS), 0)
+    return Result(
+        q=q,
+        elbo=diag.elbo,
+        log_evidence=diag.log_evidence,
+        kl=diag.kl,
+        r_squared=diag.r_squared,
+        residual_variance=diag.residual_variance,
+        elbo_stderr=diag.elbo_stderr,
+        status=status.astype(jnp.int32),
+        first_improper_step=state.first_improper_step,
+        first_nonfinite_step=state.first_nonfinite_step,
+        nonfinite_draw=state.nonfinite_draw,
+        trace=infos,
+    )

@@ -1,0 +1,95 @@
+"""Approximation quality and the marginal likelihood (paper, section 4).
+
+At convergence ``log p(x) = eta_0 + U(eta) + log q(x) + r(x)`` with a residual ``r`` of
+mean zero under ``q``. With ``s^2 = Var_q[r] = Var_q[log p - log q]``:
+
+    ELBO           = E_q[log p(x) - log q(x)]          (the usual lower bound)
+    KL(q || p)     ~ s^2 / 2
+    log p(y)       ~ ELBO + s^2 / 2                     (eq. 17)
+    R^2            = 1 - s^2 / Var_q[log p(x)]
+
+All expectations are Monte Carlo averages over draws of ``q`` (vmapped).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class Diagnostics(NamedTuple):
+    """Section 4's measures for one approximation (scalars; batched under ``vmap``).
+
+    Attributes:
+      elbo: ``E_q[log p - log q]``.
+      elbo_stderr: Monte Carlo standard error of ``elbo``.
+      residual_variance: ``s^2 = Var_q[log p - log q]``.
+      kl: ``s^2 / 2``, the approximate ``KL(q || p)``.
+      log_evidence: ``elbo + s^2 / 2``, the approximate log marginal likelihood.
+      r_squared: ``1 - s^2 / Var_q[log p]``.
+      num_nonfinite: draws at which ``log_joint`` was not finite (left out above).
+    """
+
+    elbo: jax.Array
+    elbo_stderr: jax.Array
+    residual_variance: jax.Array
+    kl: jax.Array
+    log_evidence: jax.Array
+    r_squared: jax.Array
+    num_nonfinite: jax.Array
+
+
+def evaluate(
+    key: jax.Array, q, log_joint: Callable[[jax.Array], jax.Array], num_draws: int = 1000
+) -> Diagnostics:
+    """Section 4's diagnostics of ``q`` as an approximation to ``log_joint``.
+
+    Args:
+      key: a JAX random key.
+      q: a fitted family.
+      log_joint: the unnormalised log posterior, ``x -> scalar``.
+      num_draws: Monte Carlo draws (at least 2).
+
+    Returns:
+      :class:`Diagnostics`. Draws where ``log_joint`` is not finite are left out of the
+      averages and counted in ``num_nonfinite``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> q = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
+      >>> d = jaxvb.diagnostics.evaluate(jax.random.key(0), q, q.log_prob)
+      >>> float(d.kl)
+      0.0
+    """
+    if num_draws < 2:
+        raise ValueError(f"num_draws must be at least 2, got {num_draws}")
+    x = q.sample(key, (num_draws,))
+    log_p = jax.vmap(log_joint)(x).astype(q.dtype)
+    log_q = jax.vmap(q.log_prob)(x)
+    ok = jnp.isfinite(log_p)
+    n = jnp.sum(ok)
+    nn = jnp.maximum(n, 2).astype(q.dtype)
+
+    def mean(v):
+        return jnp.sum(jnp.where(ok, v, 0.0)) / nn
+
+    def var(v):
+        m = mean(v)
+        return jnp.sum(jnp.where(ok, (v - m) ** 2, 0.0)) / (nn - 1.0)
+
+    r = log_p - log_q
+    elbo = mean(r)
+    s2 = var(r)
+    var_p = var(log_p)
+    tiny = jnp.finfo(q.dtype).tiny
+    return Diagnostics(
+        elbo=elbo,
+        elbo_stderr=jnp.sqrt(s2 / nn),
+        residual_variance=s2,
+        kl=0.5 * s2,
+        log_evidence=elbo + 0.5 * s2,
+        r_squared=1.0 - s2 / jnp.maximum(var_p, tiny),
+        num_nonfinite=num_draws - n,
+    )

@@ -1,0 +1,19 @@
+"""Approximating families: exponential families as immutable pytrees."""
+
+from jaxvb.families._base import ExponentialFamily, ScalarFamily, register_family
+from jaxvb.families.beta import Beta
+from jaxvb.families.exponential import Exponential
+from jaxvb.families.gamma import Gamma
+from jaxvb.families.gaussian import Gaussian
+from jaxvb.families.inverse_gamma import InverseGamma
+
+__all__ = [
+    "Beta",
+    "Exponential",
+    "ExponentialFamily",
+    "Gamma",
+    "Gaussian",
+    "InverseGamma",
+    "ScalarFamily",
+    "register_family",
+]

@@ -1,0 +1,278 @@
+"""The exponential-family protocol every approximating family implements.
+
+A family is an immutable pytree (array fields are leaves) describing
+
+    q_eta(x) = exp(T(x) . eta - U(eta)) nu(x)                       (paper, eq. 3)
+
+with flat natural parameters ``eta`` of length ``k``. A subclass gives five things:
+``sufficient_stats`` (T), ``natural_params`` (eta), ``from_natural`` (eta -> family),
+``_log_normalizer`` (U as a function of eta) and a reparameterised sampler split into
+``noise`` (parameter-free randomness) and ``from_noise`` (the differentiable map s(eta, z)).
+Everything else -- ``log_prob``, ``entropy``, the moments of T, the Fisher information,
+sampling -- is derived here, mostly by differentiating ``U`` with JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+def register_family(cls):
+    """Makes ``cls`` a frozen dataclass and a pytree.
+
+    Fields are leaves unless declared ``dataclasses.field(metadata={"static": True})``.
+    Unflattening bypasses ``__init__`` so that JAX can rebuild a family from tracers,
+    batched leaves or placeholder objects without running the user-facing validation.
+    """
+    cls = dataclasses.dataclass(frozen=True, eq=False, repr=False)(cls)
+    fields = dataclasses.fields(cls)
+    data = tuple(f.name for f in fields if not f.metadata.get("static", False))
+    meta = tuple(f.name for f in fields if f.metadata.get("static", False))
+
+    def flatten_with_keys(obj):
+        children = [(jax.tree_util.GetAttrKey(n), getattr(obj, n)) for n in data]
+        return children, tuple(getattr(obj, n) for n in meta)
+
+    def flatten(obj):
+        return [getattr(obj, n) for n in data], tuple(getattr(obj, n) for n in meta)
+
+    def unflatten(aux, children):
+        obj = object.__new__(cls)
+        for name, value in zip(data, children):
+            object.__setattr__(obj, name, value)
+        for name, value in zip(meta, aux):
+            object.__setattr__(obj, name, value)
+        return obj
+
+    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
+    return cls
+
+
+def build(cls, **fields):
+    """Constructs a family without the user-facing validation of ``__post_init__``.
+
+    Used by ``from_natural``, where an improper parameter must give a flagged family
+    (``is_proper`` False) rather than an exception, so that it works under ``jit``.
+    """
+    obj = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+def as_float_arrays(*values):
+    """Converts parameters to JAX arrays of one common floating dtype.
+
+    Integers become the default float dtype; mixed float precisions promote as JAX does.
+    Tracers pass through with their dtype promoted the same way.
+    """
+    arrays = [jnp.asarray(v) for v in values]
+    dtype = jnp.result_type(*arrays)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        dtype = jnp.result_type(float)
+    return tuple(a.astype(dtype) for a in arrays)
+
+
+def is_concrete(x) -> bool:
+    """True when ``x`` holds values now (not a tracer under jit/vmap/grad)."""
+    return not isinstance(x, jax.core.Tracer)
+
+
+def check_positive(name: str, family: str, value: Array) -> None:
+    """Raises when a concrete parameter is not strictly positive and finite."""
+    if is_concrete(value):
+        v = np.asarray(value)
+        if not np.all(np.isfinite(v) & (v > 0)):
+            raise ValueError(
+                f"{family}: {name} must be positive and finite, got {v!r}. "
+                f"A non-positive {name} is not a proper distribution."
+            )
+
+
+class ExponentialFamily:
+    """Base class of the approximating families.
+
+    Subclasses are decorated with :func:`register_family`; see the module docstring for
+    what they must implement. ``event_shape`` is the shape of one draw ``x``.
+    """
+
+    # --- what a subclass implements -------------------------------------------------
+
+    @property
+    def event_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    @property
+    def dtype(self):
+        return jax.tree_util.tree_leaves(self)[0].dtype
+
+    def sufficient_stats(self, x: Array) -> Array:
+        """T(x), shape ``(k,)``, for one draw ``x`` of shape ``event_shape``."""
+        raise NotImplementedError
+
+    @property
+    def natural_params(self) -> Array:
+        """eta, shape ``(k,)``."""
+        raise NotImplementedError
+
+    def from_natural(self, eta: Array) -> ExponentialFamily:
+        """The family of this type and shape with natural parameters ``eta``.
+
+        No check is made here: an ``eta`` outside the natural parameter space gives a
+        family whose ``is_proper`` is False (its fields may hold NaN).
+        """
+        raise NotImplementedError
+
+    def _log_normalizer(self, eta: Array) -> Array:
+        """U(eta) for natural parameters ``eta`` of this family's shape."""
+        raise NotImplementedError
+
+    @property
+    def is_proper(self) -> Array:
+        """Whether the parameters define a proper distribution (a boolean scalar)."""
+        raise NotImplementedError
+
+    def noise(self, key: Array) -> Any:
+        """Parameter-free randomness for one draw (a pytree)."""
+        raise NotImplementedError
+
+    def from_noise(self, noise: Any) -> Array:
+        """The draw ``s(eta, noise)``; differentiable in the parameters."""
+        raise NotImplementedError
+
+    def antithetic(self, noise: Any) -> Any:
+        """Noise whose draw is negatively correlated with ``from_noise(noise)``."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no antithetic sampler: its draws are not a "
+            "symmetric transform of standard noise. Use antithetic=False, or more draws "
+            "per step (num_draws)."
+        )
+
+    def in_support(self, x: Array) -> Array:
+        """Whether ``x`` lies in the support (a boolean scalar)."""
+        return jnp.all(jnp.isfinite(x))
+
+    def log_base_measure(self, x: Array) -> Array:
+        """log nu(x); zero for every family here."""
+        del x
+        return jnp.zeros((), self.dtype)
+
+    # --- derived --------------------------------------------------------------------
+
+    @property
+    def num_stats(self) -> int:
+        """k, the number of sufficient statistics."""
+        return int(self.natural_params.shape[-1])
+
+    @property
+    def log_normalizer(self) -> Array:
+        """U(eta) at this family's natural parameters."""
+        return self._log_normalizer(self.natural_params)
+
+    @property
+    def mean_sufficient_stats(self) -> Array:
+        """E_q[T(x)] = dU/deta, shape ``(k,)``."""
+        return jax.grad(self._log_normalizer)(self.natural_params)
+
+    @property
+    def fisher_information(self) -> Array:
+        """Cov_q[T(x)] = d^2U/deta^2, shape ``(k, k)``."""
+        return jax.hessian(self._log_normalizer)(self.natural_params)
+
+    def log_prob(self, x: Array) -> Array:
+        """log q(x) for one draw ``x`` (``-inf`` outside the support)."""
+        x = jnp.asarray(x, self.dtype)
+        inside = self.in_support(x)
+        safe_x = jnp.where(inside, x, self._support_point())
+        lp = (
+            self.sufficient_stats(safe_x) @ self.natural_params
+            - self.log_normalizer
+            + self.log_base_measure(safe_x)
+        )
+        return jnp.where(inside, lp, -jnp.inf)
+
+    def _support_point(self) -> Array:
+        """Any point inside the support, used to keep masked branches finite."""
+        return self.mean
+
+    @property
+    def entropy(self) -> Array:
+        """H[q] = U(eta) - eta . E[T] - E[log nu]."""
+        return self.log_normalizer - self.natural_params @ self.mean_sufficient_stats
+
+    def sample(self, key: Array, sample_shape: tuple[int, ...] = ()) -> Array:
+        """Draws of shape ``sample_shape + event_shape``; reparameterised where JAX can."""
+        n = math.prod(sample_shape)
+        if sample_shape == ():
+            return self.from_noise(self.noise(key))
+        keys = jax.random.split(key, n)
+        draws = jax.vmap(lambda k: self.from_noise(self.noise(k)))(keys)
+        return draws.reshape(tuple(sample_shape) + self.event_shape)
+
+    def __repr__(self) -> str:
+        parts = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if is_concrete(v) and hasattr(v, "shape") and np.size(v) <= 6:
+                parts.append(f"{f.name}={np.asarray(v).tolist()}")
+            else:
+                parts.append(f"{f.name}={getattr(v, 'shape', v)}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+
+class ScalarFamily(ExponentialFamily):
+    """A product of independent scalar exponential families, one per element.
+
+    The parameters are arrays of one common shape, which is also the event shape. A
+    subclass maps its usual parameters to per-element natural-parameter arrays and back
+    (``_natural_parts`` / ``_from_natural_parts``), gives the per-element statistics
+    (``_stats_parts``) and the per-element log normaliser (``_log_normalizer_parts``);
+    the flat layout ``eta = (part_1.ravel(), part_2.ravel(), ...)`` is handled here.
+    """
+
+    def _natural_parts(self) -> tuple[Array, ...]:
+        raise NotImplementedError
+
+    def _from_natural_parts(self, *parts: Array) -> ScalarFamily:
+        raise NotImplementedError
+
+    def _stats_parts(self, x: Array) -> tuple[Array, ...]:
+        raise NotImplementedError
+
+    def _log_normalizer_parts(self, *parts: Array) -> Array:
+        raise NotImplementedError
+
+    @property
+    def event_shape(self) -> tuple[int, ...]:
+        return tuple(jax.tree_util.tree_leaves(self)[0].shape)
+
+    def _split(self, eta: Array) -> tuple[Array, ...]:
+        n = math.prod(self.event_shape)
+        parts = jnp.split(eta, len(dataclasses.fields(self)))
+        return tuple(p.reshape(self.event_shape) for p in parts) if n else parts
+
+    @property
+    def natural_params(self) -> Array:
+        return jnp.concatenate([p.ravel() for p in self._natural_parts()])
+
+    def from_natural(self, eta: Array) -> ScalarFamily:
+        return self._from_natural_parts(*self._split(eta))
+
+    def sufficient_stats(self, x: Array) -> Array:
+        return jnp.concatenate([s.ravel() for s in self._stats_parts(x)])
+
+    def _log_normalizer(self, eta: Array) -> Array:
+        return jnp.sum(self._log_normalizer_parts(*self._split(eta)))
+
+    @property
+    def is_proper(self) -> Array:
+        leaves = jax.tree_util.tree_leaves(self)
+        return jnp.all(jnp.stack([jnp.all(jnp.isfinite(v) & (v > 0)) for v in leaves]))

@@ -1,0 +1,79 @@
+"""Beta(concentration1, concentration0): independent beta distributions."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.special import betaln
+
+from jaxvb.families._base import (
+    Array,
+    ScalarFamily,
+    as_float_arrays,
+    build,
+    check_positive,
+    register_family,
+)
+
+
+@register_family
+class Beta(ScalarFamily):
+    r"""Beta distribution on ``(0, 1)`` (names as in NumPyro).
+
+    ``log q(x) = (a - 1) log x + (b - 1) log(1 - x) - log B(a, b)``, with
+    ``T(x) = (log x, log(1 - x))``, ``eta = (a - 1, b - 1)`` and ``U(eta) = log B(a, b)``.
+    Draws use ``jax.random.beta`` (ratios of reparameterised gamma draws).
+
+    Args:
+      concentration1: ``a > 0``, the exponent of ``x``.
+      concentration0: ``b > 0``, the exponent of ``1 - x``.
+
+    Example:
+      >>> q = Beta(concentration1=2.0, concentration0=6.0)
+      >>> float(q.mean)
+      0.25
+    """
+
+    concentration1: Array
+    concentration0: Array
+
+    def __post_init__(self):
+        a, b = jnp.broadcast_arrays(
+            *as_float_arrays(self.concentration1, self.concentration0)
+        )
+        object.__setattr__(self, "concentration1", a)
+        object.__setattr__(self, "concentration0", b)
+        check_positive("concentration1", "Beta", a)
+        check_positive("concentration0", "Beta", b)
+
+    def _natural_parts(self):
+        return self.concentration1 - 1.0, self.concentration0 - 1.0
+
+    def _from_natural_parts(self, e1, e0):
+        return build(Beta, concentration1=e1 + 1.0, concentration0=e0 + 1.0)
+
+    def _stats_parts(self, x):
+        return jnp.log(x), jnp.log1p(-x)
+
+    def _log_normalizer_parts(self, e1, e0):
+        return betaln(e1 + 1.0, e0 + 1.0)
+
+    def noise(self, key):
+        return key
+
+    def from_noise(self, noise):
+        return jax.random.beta(
+            noise, self.concentration1, self.concentration0, dtype=self.dtype
+        )
+
+    def in_support(self, x):
+        return jnp.all((x > 0) & (x < 1))
+
+    @property
+    def mean(self):
+        return self.concentration1 / (self.concentration1 + self.concentration0)
+
+    @property
+    def variance(self):
+        a, b = self.concentration1, self.concentration0
+        return a * b / ((a + b) ** 2 * (a + b + 1.0))

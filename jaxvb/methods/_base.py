@@ -1,0 +1,33 @@
+"""The protocol between ``fit`` and a method: ``init / noise / estimate / solve``."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+
+class Method(NamedTuple):
+    """A way of forming and solving the regression statistics of the paper.
+
+    ``fit`` is the only loop; a method only says which statistics it keeps and how one
+    draw estimates them. All four functions are pure and traceable.
+
+    Attributes:
+      name: a short label for messages.
+      init: ``init(q0) -> stats``, the statistics at the start (Algorithm 1: ``C_1`` and
+        ``g_1 = C_1 eta_1``).
+      noise: ``noise(key, q) -> noise``, the randomness of one estimate.
+      estimate: ``estimate(noise, q, log_joint) -> (stats_hat, x, log_p)``: an unbiased
+        estimate of the statistics at ``q`` from one draw, the draw ``x`` and
+        ``log_joint(x)``.
+      solve: ``solve(stats, q) -> q_new``, the approximation the statistics define
+        (possibly improper; ``fit`` checks ``q_new.is_proper``).
+      min_draws: ``min_draws(q) -> int``, how many draws the averaged statistics must
+        hold to be solvable (``k + 1`` for a full regression).
+    """
+
+    name: str
+    init: Callable[[Any], Any]
+    noise: Callable[[Any, Any], Any]
+    estimate: Callable[[Any, Any, Callable], tuple[Any, Any, Any]]
+    solve: Callable[[Any, Any], Any]
+    min_draws: Callable[[Any], int]
