@@ -14,7 +14,14 @@ Example:
 
 from jaxvb import diagnostics, families, methods
 from jaxvb._fit import FitError, FitWarning, Result, Status, Trace, explain, fit
-from jaxvb.families import Beta, Exponential, ExponentialFamily, Gamma, Gaussian, InverseGamma
+from jaxvb.families import (
+    Beta,
+    Exponential,
+    ExponentialFamily,
+    Gamma,
+    Gaussian,
+    InverseGamma,
+)
 
 __version__ = "0.1.0"
 

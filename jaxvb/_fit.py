@@ -18,8 +18,9 @@ from __future__ import annotations
 import enum
 import math
 import warnings
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -262,7 +263,9 @@ def fit(
     if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
         raise ValueError(f"num_draws must be a positive integer, got {num_draws!r}")
     if on_failure not in ("raise", "warn", "ignore"):
-        raise ValueError(f"on_failure must be 'raise', 'warn' or 'ignore', got {on_failure!r}")
+        raise ValueError(
+            f"on_failure must be 'raise', 'warn' or 'ignore', got {on_failure!r}"
+        )
     per_step = num_draws * (2 if antithetic else 1)
     averaged = (num_steps - num_steps // 2) * per_step
     needed = m.min_draws(q0)
@@ -320,7 +323,17 @@ def _where_tree(pred, a, b):
     ),
 )
 def _fit(
-    log_joint, q0, key, w, *, method, num_steps, num_draws, antithetic, num_eval_draws, trace
+    log_joint,
+    q0,
+    key,
+    w,
+    *,
+    method,
+    num_steps,
+    num_draws,
+    antithetic,
+    num_eval_draws,
+    trace,
 ):
     dtype = q0.dtype
 
@@ -408,14 +421,18 @@ def _fit(
     steps = jnp.arange(1, num_steps + 1, dtype=jnp.int32)
     state, infos = jax.lax.scan(step, state0, (keys, steps))
 
-    averaged = jax.tree_util.tree_map(lambda v: v / jnp.maximum(state.count, 1.0), state.sums)
+    averaged = jax.tree_util.tree_map(
+        lambda v: v / jnp.maximum(state.count, 1.0), state.sums
+    )
     q_avg = method.solve(averaged, state.q)
     good = q_avg.is_proper & (state.count > 0)
     q = _where_tree(good, q_avg, state.q)
     status = state.status | jnp.where(good, 0, int(Status.IMPROPER_RESULT))
 
     diag = diagnostics.evaluate(key_eval, q, log_p_fn, num_eval_draws)
-    status = status | jnp.where(diag.num_nonfinite > 0, int(Status.NONFINITE_DIAGNOSTICS), 0)
+    status = status | jnp.where(
+        diag.num_nonfinite > 0, int(Status.NONFINITE_DIAGNOSTICS), 0
+    )
     return Result(
         q=q,
         elbo=diag.elbo,

@@ -13,7 +13,8 @@ All expectations are Monte Carlo averages over draws of ``q`` (vmapped).
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

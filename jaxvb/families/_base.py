@@ -46,9 +46,9 @@ def register_family(cls):
 
     def unflatten(aux, children):
         obj = object.__new__(cls)
-        for name, value in zip(data, children):
+        for name, value in zip(data, children, strict=True):
             object.__setattr__(obj, name, value)
-        for name, value in zip(meta, aux):
+        for name, value in zip(meta, aux, strict=True):
             object.__setattr__(obj, name, value)
         return obj
 

@@ -47,7 +47,7 @@ def expected_outer_stats(q) -> jax.Array:
     return jnp.concatenate([top[None, :], jnp.concatenate([mu[:, None], second], 1)])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def regression(estimator: str = "joint", init: str = "analytic") -> Method:
     """Algorithm 1 for any exponential family.
 
