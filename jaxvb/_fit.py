@@ -36,7 +36,9 @@ class Status(enum.IntFlag):
 
     OK = 0
     #: An intermediate update was not a proper distribution (the paper's "increase the
-    #: number of iterations" case); draws continued from the last proper iterate.
+    #: number of iterations" case); draws continued from the last proper iterate. Common
+    #: in the first steps from a poor start and harmless there; ``fit`` warns only when
+    #: it happened in the averaged second half.
     IMPROPER_PROPOSAL = 1
     #: The averaged solution was not a proper distribution; ``q`` is the last proper
     #: iterate and should not be trusted.
@@ -48,7 +50,8 @@ class Status(enum.IntFlag):
     NONFINITE_DIAGNOSTICS = 8
 
 
-_ERRORS = Status.IMPROPER_RESULT | Status.NONFINITE_LOG_DENSITY
+#: Flags that make a result untrustworthy (``Result.ok`` is False, ``fit`` raises).
+ERRORS = Status.IMPROPER_RESULT | Status.NONFINITE_LOG_DENSITY
 
 
 class Trace(NamedTuple):
@@ -73,7 +76,8 @@ class Result(NamedTuple):
       elbo, log_evidence, kl, r_squared, residual_variance, elbo_stderr: section 4's
         diagnostics (see :mod:`jaxvb.diagnostics`).
       status: ``int32`` bit flags, see :class:`Status`; ``0`` when all went well.
-      first_improper_step: the first step whose update was improper (``-1`` if none).
+      first_improper_step, last_improper_step: the first and last steps whose update
+        was improper (``-1`` if none).
       first_nonfinite_step: the first step at which ``log_joint`` was not finite.
       nonfinite_draw: the draw ``x`` at that step (zeros if none).
       trace: :class:`Trace` when asked for, else ``None``.
@@ -88,14 +92,15 @@ class Result(NamedTuple):
     elbo_stderr: jax.Array
     status: jax.Array
     first_improper_step: jax.Array
+    last_improper_step: jax.Array
     first_nonfinite_step: jax.Array
     nonfinite_draw: jax.Array
     trace: Trace | None
 
     @property
     def ok(self) -> jax.Array:
-        """True where the status is clean."""
-        return self.status == 0
+        """True where no error flag is set (``IMPROPER_PROPOSAL`` alone is not one)."""
+        return (self.status & int(ERRORS)) == 0
 
     @property
     def message(self) -> str:
@@ -125,15 +130,16 @@ def explain(result: Result) -> str:
         lines.append(
             "the averaged statistics do not define a proper distribution, so the fit has "
             "not converged; `q` is the last proper iterate. Increase num_steps (the paper's "
-            "remedy), start closer to the posterior, or use more draws per step."
+            "remedy), start closer to the posterior, or use more draws per step. If it "
+            "persists, check that the posterior is proper (integrable)."
         )
     if Status.IMPROPER_PROPOSAL in status:
         lines.append(
-            "an intermediate update (first at step "
-            f"{int(result.first_improper_step)}) was not a proper distribution (e.g. a "
-            "negative rate or precision); draws continued from the last proper iterate. "
-            "The result may still be fine (check r_squared); a larger num_steps makes "
-            "this rarer."
+            "intermediate updates (steps "
+            f"{int(result.first_improper_step)} to {int(result.last_improper_step)}) were "
+            "not proper distributions (e.g. a negative rate or precision); draws continued "
+            "from the last proper iterate. The result may still be fine (check r_squared); "
+            "a larger num_steps makes this rarer."
         )
     if Status.NONFINITE_LOG_DENSITY in status:
         x = np.asarray(result.nonfinite_draw)
@@ -158,6 +164,7 @@ class _State(NamedTuple):
     q: Any
     status: jax.Array
     first_improper_step: jax.Array
+    last_improper_step: jax.Array
     first_nonfinite_step: jax.Array
     nonfinite_draw: jax.Array
 
@@ -299,9 +306,10 @@ def fit(
     )
     if on_failure != "ignore" and is_concrete(result.status) and result.status.ndim == 0:
         status = Status(int(result.status))
-        if status:
-            if on_failure == "raise" and status & _ERRORS:
-                raise FitError(f"jaxvb.fit: {explain(result)}", result)
+        late_improper = int(result.last_improper_step) > num_steps // 2
+        if status & ERRORS and on_failure == "raise":
+            raise FitError(f"jaxvb.fit: {explain(result)}", result)
+        if status & (ERRORS | Status.NONFINITE_DIAGNOSTICS) or late_improper:
             warnings.warn(f"jaxvb.fit: {explain(result)}", FitWarning, stacklevel=2)
     return result
 
@@ -340,8 +348,8 @@ def _fit(
     def log_p_fn(x):
         return jnp.asarray(log_joint(x)).astype(dtype)
 
-    key_fit, key_eval = jax.random.split(key)
-    stats0 = method.init(q0)
+    key_init, key_fit, key_eval = jax.random.split(key, 3)
+    stats0 = method.init(key_init, q0, log_p_fn)
     state0 = _State(
         stats=stats0,
         sums=jax.tree_util.tree_map(jnp.zeros_like, stats0),
@@ -349,6 +357,7 @@ def _fit(
         q=q0,
         status=jnp.zeros((), jnp.int32),
         first_improper_step=jnp.full((), -1, jnp.int32),
+        last_improper_step=jnp.full((), -1, jnp.int32),
         first_nonfinite_step=jnp.full((), -1, jnp.int32),
         nonfinite_draw=jnp.zeros(q0.event_shape, dtype),
     )
@@ -406,6 +415,7 @@ def _fit(
             q=q_next,
             status=status,
             first_improper_step=jnp.where(new_improper, t, state.first_improper_step),
+            last_improper_step=jnp.where(proper, state.last_improper_step, t),
             first_nonfinite_step=jnp.where(new_nonfinite, t, state.first_nonfinite_step),
             nonfinite_draw=jnp.where(
                 new_nonfinite, x[first_bad].astype(dtype), state.nonfinite_draw
@@ -443,6 +453,7 @@ def _fit(
         elbo_stderr=diag.elbo_stderr,
         status=status.astype(jnp.int32),
         first_improper_step=state.first_improper_step,
+        last_improper_step=state.last_improper_step,
         first_nonfinite_step=state.first_nonfinite_step,
         nonfinite_draw=state.nonfinite_draw,
         trace=infos,

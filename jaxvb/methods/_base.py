@@ -14,8 +14,8 @@ class Method(NamedTuple):
 
     Attributes:
       name: a short label for messages.
-      init: ``init(q0) -> stats``, the statistics at the start (Algorithm 1: ``C_1`` and
-        ``g_1 = C_1 eta_1``).
+      init: ``init(key, q0, log_joint) -> stats``, the statistics at the start
+        (Algorithm 1: ``C_1`` and ``g_1 = C_1 eta~_1``).
       noise: ``noise(key, q) -> noise``, the randomness of one estimate.
       estimate: ``estimate(noise, q, log_joint) -> (stats_hat, x, log_p)``: an unbiased
         estimate of the statistics at ``q`` from one draw, the draw ``x`` and
@@ -27,7 +27,7 @@ class Method(NamedTuple):
     """
 
     name: str
-    init: Callable[[Any], Any]
+    init: Callable[[Any, Any, Callable], Any]
     noise: Callable[[Any, Any], Any]
     estimate: Callable[[Any, Any, Callable], tuple[Any, Any, Any]]
     solve: Callable[[Any, Any], Any]

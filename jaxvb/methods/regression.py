@@ -22,6 +22,7 @@ from jaxvb.methods._base import Method
 
 ESTIMATORS = ("joint", "independent", "analytic")
 INITS = ("analytic", "diagonal", "identity")
+INTERCEPTS = ("estimate", "normalized")
 
 
 class RegressionStats(NamedTuple):
@@ -48,7 +49,12 @@ def expected_outer_stats(q) -> jax.Array:
 
 
 @functools.cache
-def regression(estimator: str = "joint", init: str = "analytic") -> Method:
+def regression(
+    estimator: str = "joint",
+    init: str = "analytic",
+    intercept: str = "estimate",
+    num_init_draws: int = 8,
+) -> Method:
     """Algorithm 1 for any exponential family.
 
     Args:
@@ -59,7 +65,13 @@ def regression(estimator: str = "joint", init: str = "analytic") -> Method:
         The last two are the weaker estimators the paper compares against.
       init: ``C_1`` of Algorithm 1. ``"analytic"``: ``E_{q0}[T~'T~]``; ``"diagonal"``:
         its diagonal; ``"identity"``: ``I`` (the toy example of section 3.1).
-        ``g_1 = C_1 eta~_1`` with ``eta_0 = -U(eta_1)`` in each case.
+      intercept: the first guess of the intercept ``eta_0`` in ``g_1 = C_1 eta~_1``.
+        ``"estimate"``: the mean of ``log p(x) - T(x) eta_1`` over ``num_init_draws``
+        draws of ``q0``, so that the first regressions are not spent absorbing the
+        unknown log normalising constant of ``p`` (a model whose log density is -500 at
+        the mode otherwise throws the first steps far off, into improper proposals).
+        ``"normalized"``: ``-U(eta_1)``, as if ``p`` were normalised.
+      num_init_draws: draws for ``intercept="estimate"``.
 
     Returns:
       A :class:`~jaxvb.methods.Method` for :func:`jaxvb.fit`.
@@ -74,9 +86,19 @@ def regression(estimator: str = "joint", init: str = "analytic") -> Method:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
     if init not in INITS:
         raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if intercept not in INTERCEPTS:
+        raise ValueError(f"intercept must be one of {INTERCEPTS}, got {intercept!r}")
 
-    def init_fn(q0):
-        eta = _with_intercept(q0.natural_params).at[0].set(-q0.log_normalizer)
+    def init_fn(key, q0, log_joint):
+        eta_0 = -q0.log_normalizer
+        if intercept == "estimate":
+            x = q0.sample(key, (num_init_draws,))
+            offset = jax.vmap(log_joint)(x) - jax.vmap(q0.log_prob)(x)
+            # A draw where log p is not finite says nothing about the offset.
+            ok = jnp.isfinite(offset)
+            mean = jnp.sum(jnp.where(ok, offset, 0.0)) / jnp.maximum(jnp.sum(ok), 1)
+            eta_0 = eta_0 + mean
+        eta = _with_intercept(q0.natural_params).at[0].set(eta_0)
         full = expected_outer_stats(q0)
         if init == "analytic":
             c = full
@@ -110,7 +132,12 @@ def regression(estimator: str = "joint", init: str = "analytic") -> Method:
         return RegressionStats(C=c_hat, g=t * log_p), x, log_p
 
     def solve_fn(stats, q):
-        eta = jnp.linalg.solve(stats.C, stats.g)
+        # C is a Gram matrix (positive definite): Cholesky after Jacobi scaling, since
+        # the statistics can differ in scale by orders of magnitude. A singular C gives
+        # NaN, which the caller flags as an improper update.
+        scale = jax.lax.rsqrt(jnp.diagonal(stats.C))
+        chol = jnp.linalg.cholesky(stats.C * scale[:, None] * scale[None, :])
+        eta = scale * jax.scipy.linalg.cho_solve((chol, True), stats.g * scale)
         return q.from_natural(eta[1:])
 
     def min_draws(q):

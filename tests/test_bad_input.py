@@ -1,0 +1,128 @@
+"""Bad input gets a clear error (eagerly) or a flagged result (under jit/vmap)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxvb
+
+KEY = jax.random.key(7)
+Q0 = jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2))
+
+
+def good(x):
+    return -0.5 * jnp.sum(x**2)
+
+
+def test_log_joint_must_return_a_scalar():
+    with pytest.raises(ValueError, match="must return a scalar, got shape \\(2,\\)"):
+        jaxvb.fit(lambda x: -0.5 * x**2, Q0, KEY, num_steps=50)
+
+
+def test_log_joint_must_return_floats():
+    with pytest.raises(TypeError, match="floating-point scalar, got dtype int"):
+        jaxvb.fit(lambda x: jnp.sum(x > 0).astype(jnp.int32), Q0, KEY, num_steps=50)
+
+
+def test_q0_of_the_wrong_shape():
+    a = jnp.ones(3)
+    with pytest.raises(ValueError, match="dimension log_joint expects"):
+        jaxvb.fit(lambda x: -0.5 * jnp.dot(a, x) ** 2, Q0, KEY, num_steps=50)
+    with pytest.raises(ValueError, match="cov must have shape \\(2, 2\\)"):
+        jaxvb.Gaussian(jnp.zeros(2), jnp.eye(3))
+    with pytest.raises(TypeError, match="q0 must be a jaxvb family"):
+        jaxvb.fit(good, jnp.zeros(2), KEY, num_steps=50)
+
+
+def test_improper_parameters_are_refused_at_construction():
+    with pytest.raises(ValueError, match="rate must be positive"):
+        jaxvb.Exponential(-1.0)
+    with pytest.raises(ValueError, match="positive definite"):
+        jaxvb.Gaussian(jnp.zeros(2), jnp.array([[1.0, 2.0], [2.0, 1.0]]))
+
+
+def positive_only(x):
+    # A model for a positive parameter, approximated by a Gaussian on the real line.
+    return jnp.sum(jnp.log(x) - x)
+
+
+def test_nonfinite_log_density_raises_with_the_draw():
+    with pytest.raises(jaxvb.FitError, match="log_joint was not finite at x = ") as info:
+        jaxvb.fit(positive_only, Q0, KEY, num_steps=50)
+    res = info.value.result  # the work is not lost
+    assert res.status & jaxvb.Status.NONFINITE_LOG_DENSITY
+    step = int(res.first_nonfinite_step)
+    assert step >= 1
+    assert not np.isfinite(float(positive_only(res.nonfinite_draw)))
+    for leaf in jax.tree_util.tree_leaves(res.q):
+        assert np.all(np.isfinite(leaf))
+
+
+def test_nonfinite_log_density_is_flagged_under_jit_and_vmap():
+    run = jax.jit(jax.vmap(lambda k: jaxvb.fit(positive_only, Q0, k, num_steps=50)))
+    res = run(jax.random.split(KEY, 3))
+    assert np.all(np.asarray(res.status) & int(jaxvb.Status.NONFINITE_LOG_DENSITY))
+    for leaf in jax.tree_util.tree_leaves(res.q):
+        assert np.all(np.isfinite(leaf))  # flagged, never NaN
+
+
+def nan_sometimes(x):
+    return jnp.where(x[0] > 1.5, jnp.nan, good(x))
+
+
+def test_nan_log_density_is_reported():
+    with pytest.raises(jaxvb.FitError, match="not finite"):
+        jaxvb.fit(nan_sometimes, Q0, KEY, num_steps=50)
+    res = jaxvb.fit(nan_sometimes, Q0, KEY, num_steps=50, on_failure="ignore")
+    assert float(res.nonfinite_draw[0]) > 1.5
+
+
+def far_target(x):
+    # A narrow Gaussian far from q0: a few steps of Algorithm 1 overshoot.
+    return -0.5 * jnp.sum(((x - 30.0) / 0.05) ** 2)
+
+
+def test_improper_proposal_is_flagged_and_never_nan():
+    run = jax.jit(
+        jax.vmap(lambda k: jaxvb.fit(far_target, Q0, k, num_steps=12, step_size=0.9))
+    )
+    res = run(jax.random.split(KEY, 16))
+    status = np.asarray(res.status)
+    assert np.any(status & int(jaxvb.Status.IMPROPER_PROPOSAL))
+    for leaf in jax.tree_util.tree_leaves(res.q):
+        assert np.all(np.isfinite(leaf))
+
+
+def test_improper_result_raises_with_the_remedy():
+    # log p = x / 2 on x > 0 is not integrable: the regression asks for rate -1/2.
+    with pytest.raises(jaxvb.FitError, match="Increase num_steps") as info:
+        jaxvb.fit(lambda x: 0.5 * x, jaxvb.Gamma(1.0, 1.0), KEY, num_steps=50)
+    res = info.value.result
+    assert res.status & jaxvb.Status.IMPROPER_RESULT
+    assert res.status & jaxvb.Status.IMPROPER_PROPOSAL
+    assert bool(res.q.is_proper)  # the last proper iterate, not NaN
+    assert "posterior is proper" in res.message
+
+
+def test_too_few_steps_for_the_regression():
+    with pytest.raises(ValueError, match="num_steps=4 is too small.*num_steps >= 12"):
+        jaxvb.fit(good, Q0, KEY, num_steps=4)
+    with pytest.raises(ValueError, match="num_steps must be an integer >= 2"):
+        jaxvb.fit(good, Q0, KEY, num_steps=1)
+    jaxvb.fit(good, Q0, KEY, num_steps=4, num_draws=3)  # enough draws per step
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="step_size"):
+        jaxvb.fit(good, Q0, KEY, num_steps=50, step_size=1.5)
+    with pytest.raises(NotImplementedError, match="antithetic"):
+        jaxvb.fit(
+            lambda x: jnp.sum(-x),
+            jaxvb.Gamma(jnp.ones(2), jnp.ones(2)),
+            KEY,
+            num_steps=50,
+            antithetic=True,
+        )
+    with pytest.raises(ValueError, match="unknown method"):
+        jaxvb.fit(good, Q0, KEY, num_steps=50, method="magic")
