@@ -1,6 +1,5 @@
 """Every notebook runs top to bottom in its quick mode (``JAXVB_QUICK=1``)."""
 
-import os
 from pathlib import Path
 
 import pytest
