@@ -58,7 +58,9 @@ class Exponential(ScalarFamily):
         return noise / self.rate
 
     def antithetic(self, noise):
-        # The standard exponential at the reflected uniform: F(e') = 1 - F(e).
+        # The standard exponential at the reflected uniform: F(e') = 1 - F(e). A noise of
+        # exactly 0 (probability 2^-23 in float32) would map to inf: clamp it.
+        noise = jnp.maximum(noise, jnp.finfo(noise.dtype).tiny)
         return -jnp.log(-jnp.expm1(-noise))
 
     def in_support(self, x):

@@ -23,6 +23,12 @@ def _triu(d: int) -> tuple[np.ndarray, np.ndarray]:
     return np.triu_indices(d)
 
 
+def _coef(d: int, dtype) -> Array:
+    """-1/2 for the squares x_i^2 and -1 for the products x_i x_j (i < j), in ``dtype``."""
+    i, j = _triu(d)
+    return jnp.asarray(np.where(i == j, -0.5, -1.0), dtype)
+
+
 def _unpack_precision(eta2: Array, d: int) -> Array:
     """The symmetric precision P from its upper triangle (row-major order)."""
     i, j = _triu(d)
@@ -111,8 +117,7 @@ class Gaussian(ExponentialFamily):
 
     def sufficient_stats(self, x):
         i, j = _triu(self.dim)
-        coef = np.where(i == j, -0.5, -1.0)
-        return jnp.concatenate([x, coef * x[i] * x[j]])
+        return jnp.concatenate([x, _coef(self.dim, x.dtype) * x[i] * x[j]])
 
     @property
     def natural_params(self):
@@ -136,14 +141,14 @@ class Gaussian(ExponentialFamily):
         # Closed forms (Isserlis' theorem) instead of differentiating U through a
         # Cholesky factorisation: the same numbers, a fraction of the compile time.
         i, j = _triu(self.dim)
-        coef = np.where(i == j, -0.5, -1.0)
+        coef = _coef(self.dim, self.dtype)
         m, s = self.mean, self.cov
         return jnp.concatenate([m, coef * (s[i, j] + m[i] * m[j])])
 
     @property
     def fisher_information(self):
         i, j = _triu(self.dim)
-        coef = np.where(i == j, -0.5, -1.0)
+        coef = _coef(self.dim, self.dtype)
         m, s = self.mean, self.cov
         # Cov(x_a, x_i x_j) = m_i S_aj + m_j S_ai
         cross = (m[i] * s[:, j] + m[j] * s[:, i]) * coef
@@ -157,7 +162,7 @@ class Gaussian(ExponentialFamily):
             + m[I] * m[L] * s[J, K]
             + m[J] * m[K] * s[I, L]
             + m[J] * m[L] * s[I, K]
-        ) * np.outer(coef, coef)
+        ) * jnp.outer(coef, coef)
         return jnp.block([[s, cross], [cross.T, quad]])
 
     def _log_normalizer(self, eta):
