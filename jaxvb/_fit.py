@@ -284,8 +284,8 @@ def fit(
             f"{needed} unknowns needs at least {needed}. Use num_steps >= {least} (the "
             "paper's 2(k + 1) with one draw per step), or more draws per step."
         )
-    if antithetic:
-        q0.antithetic(q0.noise(jax.random.key(0)))  # raises early where unsupported
+    if antithetic:  # traced only: raises early where the family has no antithetic
+        jax.eval_shape(lambda k: q0.antithetic(q0.noise(k)), key)
     if step_size is None:
         step_size = 1.0 / math.sqrt(num_steps)
     if is_concrete(step_size) and not 0.0 < float(step_size) <= 1.0:
