@@ -9,14 +9,18 @@ import pytest
 import jaxvb
 
 MODULES = sorted(
-    m.name for m in pkgutil.walk_packages(jaxvb.__path__, "jaxvb.") if "__main__" not in m.name
+    m.name
+    for m in pkgutil.walk_packages(jaxvb.__path__, "jaxvb.")
+    if "__main__" not in m.name
 )
 
 
 @pytest.mark.parametrize("name", ["jaxvb", *MODULES])
 def test_docstring_examples(name):
     module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(
+        module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    )
     assert result.failed == 0
 
 

@@ -238,6 +238,14 @@ class ScalarFamily(ExponentialFamily):
     the flat layout ``eta = (part_1.ravel(), part_2.ravel(), ...)`` is handled here.
     """
 
+    def __post_init__(self):
+        # Every parameter of the scalar families is positive; they broadcast together.
+        names = [f.name for f in dataclasses.fields(self)]
+        values = as_float_arrays(*(getattr(self, n) for n in names))
+        for name, value in zip(names, jnp.broadcast_arrays(*values), strict=True):
+            object.__setattr__(self, name, value)
+            check_positive(name, type(self).__name__, value)
+
     def _natural_parts(self) -> tuple[Array, ...]:
         raise NotImplementedError
 

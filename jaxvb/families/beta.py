@@ -9,9 +9,7 @@ from jax.scipy.special import betaln
 from jaxvb.families._base import (
     Array,
     ScalarFamily,
-    as_float_arrays,
     build,
-    check_positive,
     register_family,
 )
 
@@ -36,15 +34,6 @@ class Beta(ScalarFamily):
 
     concentration1: Array
     concentration0: Array
-
-    def __post_init__(self):
-        a, b = jnp.broadcast_arrays(
-            *as_float_arrays(self.concentration1, self.concentration0)
-        )
-        object.__setattr__(self, "concentration1", a)
-        object.__setattr__(self, "concentration0", b)
-        check_positive("concentration1", "Beta", a)
-        check_positive("concentration0", "Beta", b)
 
     def _natural_parts(self):
         return self.concentration1 - 1.0, self.concentration0 - 1.0

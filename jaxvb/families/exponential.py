@@ -8,9 +8,7 @@ import jax.numpy as jnp
 from jaxvb.families._base import (
     Array,
     ScalarFamily,
-    as_float_arrays,
     build,
-    check_positive,
     register_family,
 )
 
@@ -33,11 +31,6 @@ class Exponential(ScalarFamily):
     """
 
     rate: Array
-
-    def __post_init__(self):
-        (rate,) = as_float_arrays(self.rate)
-        object.__setattr__(self, "rate", rate)
-        check_positive("rate", "Exponential", rate)
 
     def _natural_parts(self):
         return (self.rate,)

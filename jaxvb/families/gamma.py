@@ -9,9 +9,7 @@ from jax.scipy.special import gammaln
 from jaxvb.families._base import (
     Array,
     ScalarFamily,
-    as_float_arrays,
     build,
-    check_positive,
     register_family,
 )
 
@@ -36,13 +34,6 @@ class Gamma(ScalarFamily):
 
     concentration: Array
     rate: Array
-
-    def __post_init__(self):
-        a, b = jnp.broadcast_arrays(*as_float_arrays(self.concentration, self.rate))
-        object.__setattr__(self, "concentration", a)
-        object.__setattr__(self, "rate", b)
-        check_positive("concentration", "Gamma", a)
-        check_positive("rate", "Gamma", b)
 
     def _natural_parts(self):
         return self.concentration - 1.0, self.rate

@@ -9,9 +9,7 @@ from jax.scipy.special import gammaln
 from jaxvb.families._base import (
     Array,
     ScalarFamily,
-    as_float_arrays,
     build,
-    check_positive,
     register_family,
 )
 
@@ -37,13 +35,6 @@ class InverseGamma(ScalarFamily):
 
     concentration: Array
     scale: Array
-
-    def __post_init__(self):
-        a, b = jnp.broadcast_arrays(*as_float_arrays(self.concentration, self.scale))
-        object.__setattr__(self, "concentration", a)
-        object.__setattr__(self, "scale", b)
-        check_positive("concentration", "InverseGamma", a)
-        check_positive("scale", "InverseGamma", b)
 
     def _natural_parts(self):
         return self.concentration + 1.0, self.scale
