@@ -14,6 +14,7 @@ Example:
 
 from jaxvb import diagnostics, families, methods
 from jaxvb._fit import FitError, FitWarning, Result, Status, Trace, explain, fit
+from jaxvb._laplace import LaplaceInfo, laplace
 from jaxvb.families import (
     Beta,
     Exponential,
@@ -34,6 +35,7 @@ __all__ = [
     "Gamma",
     "Gaussian",
     "InverseGamma",
+    "LaplaceInfo",
     "Result",
     "Status",
     "Trace",
@@ -41,5 +43,6 @@ __all__ = [
     "explain",
     "families",
     "fit",
+    "laplace",
     "methods",
 ]

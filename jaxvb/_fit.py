@@ -27,8 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxvb import diagnostics
+from jaxvb._laplace import laplace
 from jaxvb.families._base import ExponentialFamily, is_concrete
-from jaxvb.methods import Method, regression
+from jaxvb.families.gaussian import Gaussian
+from jaxvb.methods import Method, hessian, regression
 
 
 class Status(enum.IntFlag):
@@ -36,9 +38,9 @@ class Status(enum.IntFlag):
 
     OK = 0
     #: An intermediate update was not a proper distribution (the paper's "increase the
-    #: number of iterations" case); draws continued from the last proper iterate. Common
-    #: in the first steps from a poor start and harmless there; ``fit`` warns only when
-    #: it happened in the averaged second half.
+    #: number of iterations" case) even after ``max_backtracks`` halvings of the step;
+    #: draws continued from the last proper iterate. Harmless in the first steps from a
+    #: poor start; ``fit`` warns only when it happened in the averaged second half.
     IMPROPER_PROPOSAL = 1
     #: The averaged solution was not a proper distribution; ``q`` is the last proper
     #: iterate and should not be trusted.
@@ -48,10 +50,13 @@ class Status(enum.IntFlag):
     NONFINITE_LOG_DENSITY = 4
     #: ``log_joint`` was NaN or infinite at some of the draws used for the diagnostics.
     NONFINITE_DIAGNOSTICS = 8
+    #: Started from a point ``x0``: the Laplace approximation there was not proper (the
+    #: Hessian at the mode is not negative definite) or its mode search did not converge.
+    LAPLACE_FAILED = 16
 
 
 #: Flags that make a result untrustworthy (``Result.ok`` is False, ``fit`` raises).
-ERRORS = Status.IMPROPER_RESULT | Status.NONFINITE_LOG_DENSITY
+ERRORS = Status.IMPROPER_RESULT | Status.NONFINITE_LOG_DENSITY | Status.LAPLACE_FAILED
 
 
 class Trace(NamedTuple):
@@ -78,6 +83,8 @@ class Result(NamedTuple):
       status: ``int32`` bit flags, see :class:`Status`; ``0`` when all went well.
       first_improper_step, last_improper_step: the first and last steps whose update
         was improper (``-1`` if none).
+      num_damped_steps: steps whose update was improper at the full step size and
+        became proper with a smaller one (``fit``'s step control).
       first_nonfinite_step: the first step at which ``log_joint`` was not finite.
       nonfinite_draw: the draw ``x`` at that step (zeros if none).
       trace: :class:`Trace` when asked for, else ``None``.
@@ -93,6 +100,7 @@ class Result(NamedTuple):
     status: jax.Array
     first_improper_step: jax.Array
     last_improper_step: jax.Array
+    num_damped_steps: jax.Array
     first_nonfinite_step: jax.Array
     nonfinite_draw: jax.Array
     trace: Trace | None
@@ -149,6 +157,12 @@ def explain(result: Result) -> str:
             "log_joint is finite on the whole support of the approximating family (e.g. "
             "use Gamma for a positive parameter, or transform it to the real line)."
         )
+    if Status.LAPLACE_FAILED in status:
+        lines.append(
+            "the Laplace approximation at the starting point x0 was not proper or its mode "
+            "search did not converge (see jaxvb.laplace); start from a jaxvb.Gaussian "
+            "instead, or check that the posterior is proper."
+        )
     if Status.NONFINITE_DIAGNOSTICS in status:
         lines.append(
             "log_joint was not finite at some draws of the fitted q; the diagnostics "
@@ -165,16 +179,17 @@ class _State(NamedTuple):
     status: jax.Array
     first_improper_step: jax.Array
     last_improper_step: jax.Array
+    num_damped_steps: jax.Array
     first_nonfinite_step: jax.Array
     nonfinite_draw: jax.Array
 
 
-_METHODS: dict[str, Callable[[], Method]] = {"regression": regression}
+_METHODS: dict[str, Callable[[], Method]] = {"regression": regression, "hessian": hessian}
 
 
 def _resolve_method(method, q0) -> Method:
     if method is None:
-        return regression()
+        return hessian() if isinstance(q0, Gaussian) else regression()
     if isinstance(method, Method):
         return method
     if isinstance(method, str):
@@ -185,14 +200,18 @@ def _resolve_method(method, q0) -> Method:
 
 
 def _check_log_joint(log_joint, q0) -> None:
-    x = jax.ShapeDtypeStruct(q0.event_shape, q0.dtype)
+    """``q0`` is a family or the ShapeDtypeStruct of a starting point."""
+    if isinstance(q0, jax.ShapeDtypeStruct):
+        x, what = q0, f"the starting point x0 of shape {q0.shape}"
+    else:
+        x = jax.ShapeDtypeStruct(q0.event_shape, q0.dtype)
+        what = f"q0 = {type(q0).__name__} with event shape {q0.event_shape}"
     try:
         out = jax.eval_shape(log_joint, x)
     except Exception as e:
         raise ValueError(
-            f"log_joint failed on a draw of shape {q0.event_shape} ({q0.dtype}) from "
-            f"q0 = {type(q0).__name__} with event shape {q0.event_shape}: {e}. Does q0 "
-            "have the dimension log_joint expects?"
+            f"log_joint failed on a draw of shape {x.shape} ({x.dtype}) from {what}: {e}. "
+            "Does q0 have the dimension log_joint expects?"
         ) from e
     if not isinstance(out, jax.ShapeDtypeStruct):
         raise TypeError(f"log_joint must return one array, got {type(out).__name__}")
@@ -210,7 +229,7 @@ def _check_log_joint(log_joint, q0) -> None:
 
 def fit(
     log_joint: Callable[[jax.Array], jax.Array],
-    q0: ExponentialFamily,
+    q0: ExponentialFamily | jax.Array,
     key: jax.Array,
     *,
     num_steps: int,
@@ -218,6 +237,7 @@ def fit(
     step_size: float | None = None,
     num_draws: int = 1,
     antithetic: bool = False,
+    max_backtracks: int = 8,
     num_eval_draws: int = 1000,
     trace: bool = False,
     on_failure: str = "raise",
@@ -233,14 +253,22 @@ def fit(
     Args:
       log_joint: unnormalised log posterior, ``x -> scalar``, for ``x`` of shape
         ``q0.event_shape``; written with ``jax.numpy``.
-      q0: the starting approximation; fixes the family of the result.
+      q0: the starting approximation; fixes the family of the result. A plain point
+        ``x0`` (an array of shape ``(d,)``) starts from the Laplace approximation there
+        (:func:`jaxvb.laplace`) and fits a Gaussian.
       key: a JAX random key, the only source of randomness.
       num_steps: ``N``, the number of iterations.
-      method: ``"regression"`` (default: Algorithm 1), or a
+      method: ``"hessian"`` (Algorithm 2; the default for a Gaussian), ``"regression"``
+        (Algorithm 1; the default for the other families), or a
         :class:`~jaxvb.methods.Method` such as ``jaxvb.methods.regression(estimator=...)``.
       step_size: ``w``; default ``1/sqrt(num_steps)``.
       num_draws: draws per step, vmapped; the estimates are averaged.
       antithetic: add the antithetic partner of each draw (``2 * num_draws`` per step).
+      max_backtracks: step control. An update that is not a proper distribution (e.g.
+        a precision that is not positive definite) is retried with half the step, up
+        to this many times, before the step is flagged and skipped. Only the running
+        statistics are damped; the second-half average is untouched. ``0`` gives the
+        paper's plain iteration.
       num_eval_draws: draws of the fitted ``q`` for the diagnostics.
       trace: also return per-step :class:`Trace` information.
       on_failure: what a flagged result does when ``fit`` runs outside ``jit``/``vmap``:
@@ -259,14 +287,27 @@ def fit(
       >>> [round(float(v), 6) for v in (res.q.concentration[0], res.q.rate[0])]
       [4.0, 2.0]
     """
+    laplace_failed = None
+    if isinstance(q0, (jax.Array, np.ndarray, list, tuple)):
+        x0 = jnp.asarray(q0)
+        if x0.ndim != 1:
+            raise TypeError(
+                f"q0 must be a jaxvb family or a starting point of shape (d,), got an "
+                f"array of shape {x0.shape}"
+            )
+        _check_log_joint(log_joint, jax.ShapeDtypeStruct(x0.shape, x0.dtype))
+        q0, info = laplace(log_joint, x0, return_info=True)
+        laplace_failed = ~(info.converged & info.negative_definite)
     if not isinstance(q0, ExponentialFamily):
         raise TypeError(
-            f"q0 must be a jaxvb family such as jaxvb.Gaussian(mean, cov), got "
-            f"{type(q0).__name__}"
+            f"q0 must be a jaxvb family such as jaxvb.Gaussian(mean, cov), or a starting "
+            f"point x0, got {type(q0).__name__}"
         )
     m = _resolve_method(method, q0)
     if not isinstance(num_steps, (int, np.integer)) or num_steps < 2:
         raise ValueError(f"num_steps must be an integer >= 2, got {num_steps!r}")
+    if not isinstance(max_backtracks, (int, np.integer)) or max_backtracks < 0:
+        raise ValueError(f"max_backtracks must be an integer >= 0, got {max_backtracks!r}")
     if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
         raise ValueError(f"num_draws must be a positive integer, got {num_draws!r}")
     if on_failure not in ("raise", "warn", "ignore"):
@@ -301,9 +342,13 @@ def fit(
         num_steps=int(num_steps),
         num_draws=int(num_draws),
         antithetic=bool(antithetic),
+        max_backtracks=int(max_backtracks),
         num_eval_draws=int(num_eval_draws),
         trace=bool(trace),
     )
+    if laplace_failed is not None:
+        flag = jnp.where(laplace_failed, int(Status.LAPLACE_FAILED), 0)
+        result = result._replace(status=(result.status | flag).astype(jnp.int32))
     if on_failure != "ignore" and is_concrete(result.status) and result.status.ndim == 0:
         status = Status(int(result.status))
         late_improper = int(result.last_improper_step) > num_steps // 2
@@ -326,6 +371,7 @@ def _where_tree(pred, a, b):
         "num_steps",
         "num_draws",
         "antithetic",
+        "max_backtracks",
         "num_eval_draws",
         "trace",
     ),
@@ -340,6 +386,7 @@ def _fit(
     num_steps,
     num_draws,
     antithetic,
+    max_backtracks,
     num_eval_draws,
     trace,
 ):
@@ -358,6 +405,7 @@ def _fit(
         status=jnp.zeros((), jnp.int32),
         first_improper_step=jnp.full((), -1, jnp.int32),
         last_improper_step=jnp.full((), -1, jnp.int32),
+        num_damped_steps=jnp.zeros((), jnp.int32),
         first_nonfinite_step=jnp.full((), -1, jnp.int32),
         nonfinite_draw=jnp.zeros(q0.event_shape, dtype),
     )
@@ -386,17 +434,30 @@ def _fit(
         )
         mean = jax.tree_util.tree_map(lambda v: v / jnp.maximum(n_ok, 1.0), total)
         w_t = jnp.where(n_ok > 0, w, 0.0)
-        stats = jax.tree_util.tree_map(
-            lambda s, h: (1.0 - w_t) * s + w_t * h, state.stats, mean
-        )
+
+        def attempt(w_try):
+            stats = jax.tree_util.tree_map(
+                lambda s, h: (1.0 - w_try) * s + w_try * h, state.stats, mean
+            )
+            q_new = method.solve(stats, q)
+            return stats, q_new, q_new.is_proper
+
+        # Step control: halve the step until the update is proper (or give up).
+        def retry(carry):
+            w_try, _, _, _, n = carry
+            return (0.5 * w_try, *attempt(0.5 * w_try), n + 1)
+
+        def improper(carry):
+            return ~carry[3] & (carry[4] < max_backtracks)
+
+        first = (w_t, *attempt(w_t), jnp.zeros((), jnp.int32))
+        _, stats, q_new, proper, tries = jax.lax.while_loop(improper, retry, first)
         in_avg = t > half
         sums = jax.tree_util.tree_map(
             lambda a, v: a + jnp.where(in_avg, v, 0.0), state.sums, total
         )
         count = state.count + jnp.where(in_avg, n_ok, 0.0)
 
-        q_new = method.solve(stats, q)
-        proper = q_new.is_proper
         q_next = _where_tree(proper, q_new, q)
 
         bad = ~jnp.all(ok)
@@ -416,6 +477,7 @@ def _fit(
             status=status,
             first_improper_step=jnp.where(new_improper, t, state.first_improper_step),
             last_improper_step=jnp.where(proper, state.last_improper_step, t),
+            num_damped_steps=state.num_damped_steps + (proper & (tries > 0)),
             first_nonfinite_step=jnp.where(new_nonfinite, t, state.first_nonfinite_step),
             nonfinite_draw=jnp.where(
                 new_nonfinite, x[first_bad].astype(dtype), state.nonfinite_draw
@@ -454,6 +516,7 @@ def _fit(
         status=status.astype(jnp.int32),
         first_improper_step=state.first_improper_step,
         last_improper_step=state.last_improper_step,
+        num_damped_steps=state.num_damped_steps,
         first_nonfinite_step=state.first_nonfinite_step,
         nonfinite_draw=state.nonfinite_draw,
         trace=infos,

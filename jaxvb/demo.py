@@ -56,7 +56,11 @@ def run(seed: int = 0) -> dict:
     # 2. The beta-binomial posterior with one Gaussian.
     log_joint = beta_binomial.cancer_mortality_log_joint()
     q0 = jaxvb.Gaussian(jnp.array([-7.0, 6.0]), jnp.eye(2))
-    bb = jax.jit(lambda k: jaxvb.fit(log_joint, q0, k, num_steps=4000, num_draws=10))
+    bb = jax.jit(
+        lambda k: jaxvb.fit(
+            log_joint, q0, k, num_steps=4000, num_draws=10, method="regression"
+        )
+    )
     res2, first2, again2 = _timed(bb, key)
     mean = np.asarray(res2.q.mean)
     prec = np.asarray(res2.q.precision)

@@ -32,7 +32,13 @@ def test_q0_of_the_wrong_shape():
     with pytest.raises(ValueError, match="cov must have shape \\(2, 2\\)"):
         jaxvb.Gaussian(jnp.zeros(2), jnp.eye(3))
     with pytest.raises(TypeError, match="q0 must be a jaxvb family"):
-        jaxvb.fit(good, jnp.zeros(2), KEY, num_steps=50)
+        jaxvb.fit(good, {"mean": jnp.zeros(2)}, KEY, num_steps=50)
+    with pytest.raises(TypeError, match="starting point of shape \\(d,\\)"):
+        jaxvb.fit(good, jnp.zeros((2, 2)), KEY, num_steps=50)
+    with pytest.raises(ValueError, match="starting point x0 of shape \\(3,\\)"):
+        jaxvb.fit(
+            lambda x: -0.5 * jnp.dot(jnp.ones(2), x) ** 2, jnp.zeros(3), KEY, num_steps=50
+        )
 
 
 def test_improper_parameters_are_refused_at_construction():
@@ -84,9 +90,19 @@ def far_target(x):
 
 
 def test_improper_proposal_is_flagged_and_never_nan():
-    run = jax.jit(
-        jax.vmap(lambda k: jaxvb.fit(far_target, Q0, k, num_steps=12, step_size=0.9))
-    )
+    # fit's step control off, as in the paper's plain iteration.
+    def one(k):
+        return jaxvb.fit(
+            far_target,
+            Q0,
+            k,
+            num_steps=12,
+            step_size=0.9,
+            method="regression",
+            max_backtracks=0,
+        )
+
+    run = jax.jit(jax.vmap(one))
     res = run(jax.random.split(KEY, 16))
     status = np.asarray(res.status)
     assert np.any(status & int(jaxvb.Status.IMPROPER_PROPOSAL))
@@ -107,10 +123,10 @@ def test_improper_result_raises_with_the_remedy():
 
 def test_too_few_steps_for_the_regression():
     with pytest.raises(ValueError, match="num_steps=4 is too small.*num_steps >= 12"):
-        jaxvb.fit(good, Q0, KEY, num_steps=4)
+        jaxvb.fit(good, Q0, KEY, num_steps=4, method="regression")
     with pytest.raises(ValueError, match="num_steps must be an integer >= 2"):
         jaxvb.fit(good, Q0, KEY, num_steps=1)
-    jaxvb.fit(good, Q0, KEY, num_steps=4, num_draws=3)  # enough draws per step
+    jaxvb.fit(good, Q0, KEY, num_steps=4, num_draws=3, method="regression")  # enough draws
 
 
 def test_options_are_checked():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.special import betaln
 
+from jaxvb._special import betaln
 from jaxvb.families._base import (
     Array,
     ScalarFamily,

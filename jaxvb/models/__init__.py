@@ -1,5 +1,5 @@
 """Log joints of the paper's examples and of conjugate models with known answers."""
 
-from jaxvb.models import beta_binomial, conjugate
+from jaxvb.models import beta_binomial, conjugate, probit
 
-__all__ = ["beta_binomial", "conjugate"]
+__all__ = ["beta_binomial", "conjugate", "probit"]

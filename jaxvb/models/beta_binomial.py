@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.special import betaln
 
 from jaxvb import data
+from jaxvb._special import betaln
 
 #: The authors' single-Gaussian fit (their published code): mean and precision.
 PAPER_GAUSSIAN_MEAN = (-6.8240, 7.8287)

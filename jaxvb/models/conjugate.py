@@ -14,8 +14,9 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.special import betaln, gammaln
+from jax.scipy.special import gammaln
 
+from jaxvb._special import betaln
 from jaxvb.families import Beta, Gamma, Gaussian
 
 

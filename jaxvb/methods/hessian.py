@@ -1,0 +1,109 @@
+"""Algorithm 2: Gaussian approximation from the gradient and Hessian of log p.
+
+With ``q = N(m, V)`` and the mean/variance parametrisation (paper, section 5.4 and
+appendix B) the regression statistics reduce to three running averages,
+
+    a = E_q[grad log p(x)],    P = -E_q[hess log p(x)],    z = E_q[x],
+
+and the solution is ``V = P^{-1}``, ``m = V a + z``. Storage and work are in the
+dimension of ``x`` rather than its square (Algorithm 1 needs ``k = d + d(d+1)/2``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.linalg import cho_solve
+
+from jaxvb.families._base import build
+from jaxvb.families.gaussian import Gaussian
+from jaxvb.methods._base import Method
+
+
+class HessianStats(NamedTuple):
+    """``a`` (``(d,)``), ``P`` (``(d, d)``) and ``z`` (``(d,)``) of Algorithm 2."""
+
+    a: jax.Array
+    P: jax.Array
+    z: jax.Array
+
+
+def _grad_and_hessian(log_joint):
+    def fn(x):
+        return jax.grad(log_joint)(x), jax.hessian(log_joint)(x)
+
+    return fn
+
+
+@functools.cache
+def hessian(grad_and_hessian: Callable | None = None) -> Method:
+    """Algorithm 2 of the paper for a :class:`~jaxvb.Gaussian` approximation.
+
+    Args:
+      grad_and_hessian: optional ``x -> (grad, hess)`` of the log joint, e.g. analytic
+        or built from Hessian-vector products; by default ``jax.grad`` and
+        ``jax.hessian`` of the ``log_joint`` given to :func:`jaxvb.fit`.
+
+    Returns:
+      A :class:`~jaxvb.methods.Method` for :func:`jaxvb.fit` (requires a Gaussian
+      ``q0``). Like every method it relies on ``fit``'s step control: an update whose
+      precision is not positive definite is retried with half the step (up to
+      ``max_backtracks`` times), which keeps the running precision positive definite
+      from any start; see :func:`jaxvb.fit`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> log_joint = lambda x: -0.5 * jnp.sum((x - 3.0) ** 2 / 4.0)
+      >>> res = jaxvb.fit(log_joint, jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)),
+      ...                 jax.random.key(0), num_steps=20, method="hessian")
+      >>> res.q.mean.round(8).tolist(), jnp.diag(res.q.cov).round(8).tolist()
+      ([3.0, 3.0], [4.0, 4.0])
+    """
+
+    def init_fn(key, q0, log_joint):
+        del key, log_joint
+        if not isinstance(q0, Gaussian):
+            raise TypeError(
+                f"method='hessian' (Algorithm 2) needs a jaxvb.Gaussian q0, got "
+                f"{type(q0).__name__}; use method='regression' or 'gradient' for it."
+            )
+        return HessianStats(a=jnp.zeros_like(q0.mean), P=q0.precision, z=q0.mean)
+
+    def noise_fn(key, q):
+        return q.noise(key)
+
+    def estimate_fn(noise, q, log_joint):
+        x = q.from_noise(noise)
+        fn = (
+            grad_and_hessian
+            if grad_and_hessian is not None
+            else _grad_and_hessian(log_joint)
+        )
+        g, h = fn(x)
+        h = 0.5 * (h + h.T)
+        log_p = log_joint(x)
+        # A non-finite log density makes the draw's statistics non-finite too, so that
+        # fit leaves the draw out and flags it.
+        bad = ~jnp.isfinite(log_p)
+        g = jnp.where(bad, jnp.nan, g)
+        return HessianStats(a=g.astype(q.dtype), P=-h.astype(q.dtype), z=x), x, log_p
+
+    def solve_fn(stats, q):
+        chol = jnp.linalg.cholesky(stats.P)
+        eye = jnp.eye(stats.P.shape[0], dtype=stats.P.dtype)
+        cov = cho_solve((chol, True), eye)
+        mean = cho_solve((chol, True), stats.a) + stats.z
+        return build(Gaussian, mean=mean, cov=cov)
+
+    return Method(
+        name="hessian",
+        init=init_fn,
+        noise=noise_fn,
+        estimate=estimate_fn,
+        solve=solve_fn,
+        min_draws=lambda q: 1,
+    )
