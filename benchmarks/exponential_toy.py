@@ -173,6 +173,7 @@ def run_iterations(num_steps, repeats, seed, intercept=INTERCEPT):
                     q0,
                     num_steps=n,
                     method=method,
+                    max_backtracks=0,  # the paper's plain iteration, no step control
                     on_failure="ignore",
                     num_eval_draws=NUM_EVAL_DRAWS,
                 )
