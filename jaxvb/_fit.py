@@ -30,7 +30,7 @@ from jaxvb import diagnostics
 from jaxvb._laplace import laplace
 from jaxvb.families._base import ExponentialFamily, is_concrete
 from jaxvb.families.gaussian import Gaussian
-from jaxvb.methods import Method, hessian, regression
+from jaxvb.methods import Method, gradient, hessian, regression
 
 
 class Status(enum.IntFlag):
@@ -184,7 +184,11 @@ class _State(NamedTuple):
     nonfinite_draw: jax.Array
 
 
-_METHODS: dict[str, Callable[[], Method]] = {"regression": regression, "hessian": hessian}
+_METHODS: dict[str, Callable[[], Method]] = {
+    "regression": regression,
+    "hessian": hessian,
+    "gradient": gradient,
+}
 
 
 def _resolve_method(method, q0) -> Method:
@@ -259,7 +263,8 @@ def fit(
       key: a JAX random key, the only source of randomness.
       num_steps: ``N``, the number of iterations.
       method: ``"hessian"`` (Algorithm 2; the default for a Gaussian), ``"regression"``
-        (Algorithm 1; the default for the other families), or a
+        (Algorithm 1; the default for the other families), ``"gradient"`` (sections 5.2
+        and 5.4), or a
         :class:`~jaxvb.methods.Method` such as ``jaxvb.methods.regression(estimator=...)``.
       step_size: ``w``; default ``1/sqrt(num_steps)``.
       num_draws: draws per step, vmapped; the estimates are averaged.

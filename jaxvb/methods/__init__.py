@@ -1,11 +1,16 @@
 """Methods: how the regression statistics are estimated and solved."""
 
 from jaxvb.methods._base import Method
+from jaxvb.methods.gradient import MEAN_CHOLESKY, GradientStats, Parameterization, gradient
 from jaxvb.methods.hessian import HessianStats, hessian
 from jaxvb.methods.regression import RegressionStats, expected_outer_stats, regression
 
 __all__ = [
+    "MEAN_CHOLESKY",
+    "GradientStats",
     "HessianStats",
+    "Parameterization",
+    "gradient",
     "Method",
     "RegressionStats",
     "expected_outer_stats",
