@@ -7,22 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import family_rel_err, rel_err
 
 import jaxvb
 from jaxvb.models import conjugate
 
 KEY = jax.random.key(20130917)
-
-
-def rel_err(a, b):
-    a, b = np.asarray(a), np.asarray(b)
-    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-300)))
-
-
-def family_rel_err(q, target):
-    leaves_q = jax.tree_util.tree_leaves(q)
-    leaves_t = jax.tree_util.tree_leaves(target)
-    return max(rel_err(a, b) for a, b in zip(leaves_q, leaves_t, strict=True))
 
 
 # --- the exponential toy of section 3.1 ------------------------------------------------
