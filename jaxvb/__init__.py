@@ -23,6 +23,7 @@ from jaxvb.families import (
     Gaussian,
     InverseGamma,
 )
+from jaxvb.structure import Factors, Minibatch
 
 __version__ = "0.1.0"
 
@@ -30,12 +31,14 @@ __all__ = [
     "Beta",
     "Exponential",
     "ExponentialFamily",
+    "Factors",
     "FitError",
     "FitWarning",
     "Gamma",
     "Gaussian",
     "InverseGamma",
     "LaplaceInfo",
+    "Minibatch",
     "Result",
     "Status",
     "Trace",

@@ -30,7 +30,8 @@ from jaxvb import diagnostics
 from jaxvb._laplace import laplace
 from jaxvb.families._base import ExponentialFamily, is_concrete
 from jaxvb.families.gaussian import Gaussian
-from jaxvb.methods import Method, gradient, hessian, regression
+from jaxvb.methods import Method, gradient, hessian, regression, sites
+from jaxvb.structure import Minibatch
 
 
 class Status(enum.IntFlag):
@@ -188,19 +189,22 @@ _METHODS: dict[str, Callable[[], Method]] = {
     "regression": regression,
     "hessian": hessian,
     "gradient": gradient,
+    "sites": sites,
 }
 
 
-def _resolve_method(method, q0) -> Method:
+def _resolve_method(method, q0, log_joint) -> Method:
     if method is None:
-        return hessian() if isinstance(q0, Gaussian) else regression()
-    if isinstance(method, Method):
-        return method
-    if isinstance(method, str):
+        m = hessian() if isinstance(q0, Gaussian) else regression()
+    elif isinstance(method, Method):
+        m = method
+    elif isinstance(method, str):
         if method not in _METHODS:
             raise ValueError(f"unknown method {method!r}; choose from {sorted(_METHODS)}")
-        return _METHODS[method]()
-    raise TypeError(f"method must be a name or a jaxvb.methods.Method, got {method!r}")
+        m = _METHODS[method]()
+    else:
+        raise TypeError(f"method must be a name or a jaxvb.methods.Method, got {method!r}")
+    return m if m.bind is None else m.bind(log_joint)
 
 
 def _check_log_joint(log_joint, q0) -> None:
@@ -256,7 +260,9 @@ def fit(
 
     Args:
       log_joint: unnormalised log posterior, ``x -> scalar``, for ``x`` of shape
-        ``q0.event_shape``; written with ``jax.numpy``.
+        ``q0.event_shape``; written with ``jax.numpy``. A :class:`jaxvb.Factors`
+        (factor structure, for ``method="sites"``) or a :class:`jaxvb.Minibatch` (a new
+        random minibatch of the data at every step, section 5.5) is also a log joint.
       q0: the starting approximation; fixes the family of the result. A plain point
         ``x0`` (an array of shape ``(d,)``) starts from the Laplace approximation there
         (:func:`jaxvb.laplace`) and fits a Gaussian.
@@ -264,7 +270,8 @@ def fit(
       num_steps: ``N``, the number of iterations.
       method: ``"hessian"`` (Algorithm 2; the default for a Gaussian), ``"regression"``
         (Algorithm 1; the default for the other families), ``"gradient"`` (sections 5.2
-        and 5.4), or a
+        and 5.4), ``"sites"`` (factor structure, section 5.1, for a
+        :class:`jaxvb.Factors`), or a
         :class:`~jaxvb.methods.Method` such as ``jaxvb.methods.regression(estimator=...)``.
       step_size: ``w``; default ``1/sqrt(num_steps)``.
       num_draws: draws per step, vmapped; the estimates are averaged.
@@ -308,7 +315,7 @@ def fit(
             f"q0 must be a jaxvb family such as jaxvb.Gaussian(mean, cov), or a starting "
             f"point x0, got {type(q0).__name__}"
         )
-    m = _resolve_method(method, q0)
+    m = _resolve_method(method, q0, log_joint)
     if not isinstance(num_steps, (int, np.integer)) or num_steps < 2:
         raise ValueError(f"num_steps must be an integer >= 2, got {num_steps!r}")
     if not isinstance(max_backtracks, (int, np.integer)) or max_backtracks < 0:
@@ -400,6 +407,9 @@ def _fit(
     def log_p_fn(x):
         return jnp.asarray(log_joint(x)).astype(dtype)
 
+    key_batch = None
+    if isinstance(log_joint, Minibatch):
+        key, key_batch = jax.random.split(key)
     key_init, key_fit, key_eval = jax.random.split(key, 3)
     stats0 = method.init(key_init, q0, log_p_fn)
     state0 = _State(
@@ -419,13 +429,20 @@ def _fit(
     def step(state, inputs):
         key_t, t = inputs
         q = state.q
+        target = log_p_fn
+        if key_batch is not None:  # this step's unbiased minibatch estimate of log p
+            batch_log_joint = log_joint.batch(key_batch, t)
+
+            def target(x):
+                return jnp.asarray(batch_log_joint(x)).astype(dtype)
+
         noise = jax.vmap(method.noise, (0, None))(jax.random.split(key_t, num_draws), q)
         if antithetic:
             flipped = jax.vmap(lambda n: jax.tree_util.tree_map(q.antithetic, n))(noise)
             noise = jax.tree_util.tree_map(
                 lambda a, b: jnp.concatenate([a, b]), noise, flipped
             )
-        s_hat, x, log_p = jax.vmap(method.estimate, (0, None, None))(noise, q, log_p_fn)
+        s_hat, x, log_p = jax.vmap(method.estimate, (0, None, None))(noise, q, target)
 
         # A draw counts only if every statistic it gives is finite.
         finite = jax.tree_util.tree_map(

@@ -4,6 +4,7 @@ from jaxvb.methods._base import Method
 from jaxvb.methods.gradient import MEAN_CHOLESKY, GradientStats, Parameterization, gradient
 from jaxvb.methods.hessian import HessianStats, hessian
 from jaxvb.methods.regression import RegressionStats, expected_outer_stats, regression
+from jaxvb.methods.sites import SiteStats, sites
 
 __all__ = [
     "MEAN_CHOLESKY",
@@ -16,4 +17,6 @@ __all__ = [
     "expected_outer_stats",
     "hessian",
     "regression",
+    "SiteStats",
+    "sites",
 ]

@@ -24,6 +24,9 @@ class Method(NamedTuple):
         (possibly improper; ``fit`` checks ``q_new.is_proper``).
       min_draws: ``min_draws(q) -> int``, how many draws the averaged statistics must
         hold to be solvable (``k + 1`` for a full regression).
+      bind: ``None``, or ``bind(log_joint) -> Method`` for a method that needs to know
+        the structure of the log joint (:func:`jaxvb.methods.sites` reads the factors of
+        a :class:`jaxvb.Factors`); ``fit`` calls it once before running.
     """
 
     name: str
@@ -32,3 +35,4 @@ class Method(NamedTuple):
     estimate: Callable[[Any, Any, Callable], tuple[Any, Any, Any]]
     solve: Callable[[Any, Any], Any]
     min_draws: Callable[[Any], int]
+    bind: Callable[[Any], Method] | None = None

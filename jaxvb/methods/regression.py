@@ -48,6 +48,17 @@ def expected_outer_stats(q) -> jax.Array:
     return jnp.concatenate([top[None, :], jnp.concatenate([mu[:, None], second], 1)])
 
 
+def solve_gram(c: jax.Array, g: jax.Array) -> jax.Array:
+    """``C^{-1} g`` for a Gram matrix ``C`` (positive definite, here ``E[T~' T~]``).
+
+    Cholesky after Jacobi scaling, since the statistics can differ in scale by orders
+    of magnitude. A singular ``C`` gives NaN, which ``fit`` flags as an improper update.
+    """
+    scale = jax.lax.rsqrt(jnp.diagonal(c))
+    chol = jnp.linalg.cholesky(c * scale[:, None] * scale[None, :])
+    return scale * jax.scipy.linalg.cho_solve((chol, True), g * scale)
+
+
 @functools.cache
 def regression(
     estimator: str = "joint",
@@ -135,13 +146,7 @@ def regression(
         return RegressionStats(C=c_hat, g=t * log_p), x, log_p
 
     def solve_fn(stats, q):
-        # C is a Gram matrix (positive definite): Cholesky after Jacobi scaling, since
-        # the statistics can differ in scale by orders of magnitude. A singular C gives
-        # NaN, which the caller flags as an improper update.
-        scale = jax.lax.rsqrt(jnp.diagonal(stats.C))
-        chol = jnp.linalg.cholesky(stats.C * scale[:, None] * scale[None, :])
-        eta = scale * jax.scipy.linalg.cho_solve((chol, True), stats.g * scale)
-        return q.from_natural(eta[1:])
+        return q.from_natural(solve_gram(stats.C, stats.g)[1:])
 
     def min_draws(q):
         return 1 if estimator == "analytic" else q.num_stats + 1
