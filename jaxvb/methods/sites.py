@@ -212,10 +212,10 @@ def sites(estimator: str = "regression") -> Method:
       >>> y = jnp.array([1.0, 0.0, 1.0])
       >>> probit = lambda f, yi: log_ndtr((2 * yi - 1) * f)
       >>> model = jaxvb.Factors(jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)), probit, design, y)
-      >>> res = jaxvb.fit(model, model.prior, jax.random.key(0), num_steps=100,
-      ...                 method=jaxvb.methods.sites("hessian"))
-      >>> bool(res.r_squared > 0.99)
-      True
+      >>> res = jaxvb.fit(model, model.prior, jax.random.key(0), num_steps=1000,
+      ...                 method=jaxvb.methods.sites("gradient"))
+      >>> res.q.mean.round(1).tolist(), bool(res.r_squared > 0.95)
+      ([0.9, -0.5], True)
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
