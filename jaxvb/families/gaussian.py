@@ -188,9 +188,13 @@ class Gaussian(ExponentialFamily):
 
     def log_prob(self, x):
         # Closed form: cheaper and better conditioned than T(x) . eta - U(eta).
+        # r = L^{-1} (x - m) as a product with L^{-1}, which does not depend on x: under
+        # vmap over draws it is formed once, and the draws meet a matrix product. (A
+        # batched triangular solve is the same numbers but ~100x slower on XLA:CPU.)
         x = jnp.asarray(x, self.dtype)
         chol = jnp.linalg.cholesky(self.cov)
-        r = jax.scipy.linalg.solve_triangular(chol, x - self.mean, lower=True)
+        eye = jnp.eye(self.dim, dtype=self.dtype)
+        r = jax.scipy.linalg.solve_triangular(chol, eye, lower=True) @ (x - self.mean)
         logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol)))
         return -0.5 * (r @ r + logdet + self.dim * math.log(2 * math.pi))
 
