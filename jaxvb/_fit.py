@@ -54,10 +54,21 @@ class Status(enum.IntFlag):
     #: Started from a point ``x0``: the Laplace approximation there was not proper (the
     #: Hessian at the mode is not negative definite) or its mode search did not converge.
     LAPLACE_FAILED = 16
+    #: The fitted ``q`` is not a fixed point of the iteration: one more update from fresh
+    #: draws of ``q`` is not a proper distribution, or moves ``q`` by more than 1 nat
+    #: (KL) and by more than its Monte Carlo noise. The iteration had not settled when
+    #: it stopped (typically a start far from the posterior); ``q`` should not be
+    #: trusted.
+    NOT_CONVERGED = 32
 
 
 #: Flags that make a result untrustworthy (``Result.ok`` is False, ``fit`` raises).
-ERRORS = Status.IMPROPER_RESULT | Status.NONFINITE_LOG_DENSITY | Status.LAPLACE_FAILED
+ERRORS = (
+    Status.IMPROPER_RESULT
+    | Status.NONFINITE_LOG_DENSITY
+    | Status.LAPLACE_FAILED
+    | Status.NOT_CONVERGED
+)
 
 
 class Trace(NamedTuple):
@@ -88,6 +99,9 @@ class Result(NamedTuple):
         became proper with a smaller one (``fit``'s step control).
       first_nonfinite_step: the first step at which ``log_joint`` was not finite.
       nonfinite_draw: the draw ``x`` at that step (zeros if none).
+      fixed_point_shift: how far (KL, nats, to second order) one more update from fresh
+        draws of ``q`` moves it; ``inf`` where that update is not proper, ``nan`` where
+        the check was not run (see :attr:`Status.NOT_CONVERGED`).
       trace: :class:`Trace` when asked for, else ``None``.
     """
 
@@ -104,6 +118,7 @@ class Result(NamedTuple):
     num_damped_steps: jax.Array
     first_nonfinite_step: jax.Array
     nonfinite_draw: jax.Array
+    fixed_point_shift: jax.Array
     trace: Trace | None
 
     @property
@@ -139,7 +154,9 @@ def explain(result: Result) -> str:
         lines.append(
             "the averaged statistics do not define a proper distribution, so the fit has "
             "not converged; `q` is the last proper iterate. Increase num_steps (the paper's "
-            "remedy), start closer to the posterior, or use more draws per step. If it "
+            "remedy), start closer to the posterior (fit(log_joint, x0, ...) with a "
+            "point x0 starts from the Laplace approximation there), or use more draws "
+            "per step. If it "
             "persists, check that the posterior is proper (integrable)."
         )
     if Status.IMPROPER_PROPOSAL in status:
@@ -163,6 +180,19 @@ def explain(result: Result) -> str:
             "the Laplace approximation at the starting point x0 was not proper or its mode "
             "search did not converge (see jaxvb.laplace); start from a jaxvb.Gaussian "
             "instead, or check that the posterior is proper."
+        )
+    if Status.NOT_CONVERGED in status:
+        shift = float(np.asarray(result.fixed_point_shift))
+        moved = (
+            "is not a proper distribution"
+            if not math.isfinite(shift)
+            else f"moves it by {shift:.3g} nats (KL)"
+        )
+        lines.append(
+            f"the fitted q is not a fixed point: one more update from fresh draws of q "
+            f"{moved}, so the iteration had not settled when it stopped. Start from a "
+            "point x0 (fit(log_joint, x0, ...) starts from the Laplace approximation "
+            "there), or increase num_steps."
         )
     if Status.NONFINITE_DIAGNOSTICS in status:
         lines.append(
@@ -371,6 +401,50 @@ def fit(
     return result
 
 
+def _finite_rows(stats):
+    """Per draw (leading axis): whether every statistic is finite."""
+    finite = jax.tree_util.tree_map(
+        lambda v: jnp.all(jnp.isfinite(v.reshape(v.shape[0], -1)), axis=1), stats
+    )
+    return jnp.all(jnp.stack(jax.tree_util.tree_leaves(finite)), axis=0)
+
+
+def _fixed_point_check(key, q, log_p_fn, method, num_draws):
+    """``(shift, noise)`` of one more update of ``method`` from fresh draws of ``q``.
+
+    At a solution the regression of the paper returns ``q`` itself, so the update from
+    draws of a converged ``q`` differs from it by Monte Carlo noise only. ``shift`` is
+    KL(q || update) and ``noise`` KL(update_1 || update_2) between the updates of the
+    two halves of the draws (about four times the noise of ``shift``), both to second
+    order, ``Var_q[log a - log b] / 2`` on the draws of ``q``: unlike the natural
+    parameters, ``log_prob`` stays accurate for ill-conditioned Gaussians.
+    """
+    noise = jax.vmap(method.noise, (0, None))(jax.random.split(key, num_draws), q)
+    s_hat, x, _ = jax.vmap(method.estimate, (0, None, None))(noise, q, log_p_fn)
+    ok = _finite_rows(s_hat)
+    first = jnp.arange(num_draws) < num_draws // 2
+
+    def update(mask):
+        use = ok & mask
+        n = jnp.maximum(jnp.sum(use), 1).astype(q.dtype)
+        mean = jax.tree_util.tree_map(
+            lambda v: (
+                jnp.sum(jnp.where(use.reshape((-1,) + (1,) * (v.ndim - 1)), v, 0), 0) / n
+            ),
+            s_hat,
+        )
+        return method.solve(mean, q)
+
+    def distance(a, b):
+        d = jax.vmap(a.log_prob)(x) - jax.vmap(b.log_prob)(x)
+        value = 0.5 * jnp.var(d)
+        proper = a.is_proper & b.is_proper & jnp.isfinite(value)
+        return jnp.where(proper, value, jnp.inf)
+
+    shift = distance(q, update(jnp.ones_like(first)))
+    return shift, distance(update(first), update(~first))
+
+
 def _where_tree(pred, a, b):
     return jax.tree_util.tree_map(lambda u, v: jnp.where(pred, u, v), a, b)
 
@@ -444,11 +518,7 @@ def _fit(
             )
         s_hat, x, log_p = jax.vmap(method.estimate, (0, None, None))(noise, q, target)
 
-        # A draw counts only if every statistic it gives is finite.
-        finite = jax.tree_util.tree_map(
-            lambda v: jnp.all(jnp.isfinite(v.reshape(v.shape[0], -1)), axis=1), s_hat
-        )
-        ok = jnp.all(jnp.stack(jax.tree_util.tree_leaves(finite)), axis=0)
+        ok = _finite_rows(s_hat)  # a draw counts only if all its statistics are finite
         n_ok = jnp.sum(ok).astype(dtype)
         total = jax.tree_util.tree_map(
             lambda v: jnp.sum(jnp.where(ok.reshape((-1,) + (1,) * (v.ndim - 1)), v, 0), 0),
@@ -523,6 +593,18 @@ def _fit(
     q = _where_tree(good, q_avg, state.q)
     status = state.status | jnp.where(good, 0, int(Status.IMPROPER_RESULT))
 
+    # Did the iteration settle? One more update from fresh draws of q must give q back
+    # (up to its noise). It needs several times the method's unknowns in draws, so it
+    # is skipped where 200 are too few (Algorithm 1 with a large Gaussian).
+    num_check = min(num_eval_draws, 200)
+    shift = jnp.full((), jnp.nan, dtype)
+    if num_check >= 4 * method.min_draws(q):
+        shift, noise = _fixed_point_check(
+            jax.random.fold_in(key_eval, 1), q, log_p_fn, method, num_check
+        )
+        settled = jnp.isfinite(shift) & (shift <= jnp.maximum(1.0, noise))
+        status = status | jnp.where(good & ~settled, int(Status.NOT_CONVERGED), 0)
+
     diag = diagnostics.evaluate(key_eval, q, log_p_fn, num_eval_draws)
     status = status | jnp.where(
         diag.num_nonfinite > 0, int(Status.NONFINITE_DIAGNOSTICS), 0
@@ -541,5 +623,6 @@ def _fit(
         num_damped_steps=state.num_damped_steps,
         first_nonfinite_step=state.first_nonfinite_step,
         nonfinite_draw=state.nonfinite_draw,
+        fixed_point_shift=shift,
         trace=infos,
     )

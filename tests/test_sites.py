@@ -288,7 +288,8 @@ def test_a_site_with_a_non_finite_log_likelihood_is_flagged():
 
     ``log f`` is NaN for ``f < 0``; from ``N(0, 1)`` the fits draw negative ``f`` early
     (with this key) and must raise, carrying a finite result. The gradient estimator
-    moves away from zero before it draws one, so it is only checked to stay finite.
+    moves away from zero before it draws one; it stays finite and is flagged as not
+    settled.
     """
     prior = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
     model = jaxvb.Factors(
@@ -312,5 +313,9 @@ def test_a_site_with_a_non_finite_log_likelihood_is_flagged():
         jax.random.key(0),
         num_steps=50,
         method=jaxvb.methods.sites("gradient"),
+        on_failure="ignore",
     )
     assert np.all(np.isfinite(res.q.mean)) and np.all(np.isfinite(res.q.cov))
+    # No Gaussian is a stationary point here (KL is infinite for all of them): the
+    # fixed-point check says the iteration had not settled.
+    assert res.status & jaxvb.Status.NOT_CONVERGED

@@ -10,7 +10,7 @@ from importlib import resources
 
 import numpy as np
 
-__all__ = ["cancer_mortality", "sv_gbpusd"]
+__all__ = ["cancer_mortality", "coal_mining_disasters", "longley", "sv_gbpusd"]
 
 
 def _rows(name: str) -> list[dict[str, str]]:
@@ -51,3 +51,37 @@ def sv_gbpusd(source: str = "salimans_knowles") -> np.ndarray:
     if source not in files:
         raise ValueError(f"source must be one of {sorted(files)}, got {source!r}")
     return np.array([float(r["y"]) for r in _rows(files[source])])
+
+
+def longley() -> tuple[np.ndarray, np.ndarray]:
+    """Longley's (1967) US macroeconomic data, 1947-1962, as in the NIST StRD file.
+
+    ``y`` is total employment; the six columns of ``x`` are the GNP implicit price
+    deflator (1954 = 100), GNP, unemployment, size of the armed forces, population
+    aged 14 and over, and the year, in the units of the NIST file. The regressors are
+    nearly collinear (with an intercept, the design has condition number 4.9e9): the
+    NIST test of least-squares software at its "higher level of difficulty".
+
+    Returns:
+      ``(y, x)``, float arrays of shapes ``(16,)`` and ``(16, 6)``.
+    """
+    rows = _rows("longley.csv")
+    y = np.array([float(r["y"]) for r in rows])
+    x = np.array([[float(r[f"x{j}"]) for j in range(1, 7)] for r in rows])
+    return y, x
+
+
+def coal_mining_disasters() -> tuple[np.ndarray, np.ndarray]:
+    """Yearly counts of British coal-mining disasters (10 or more killed), 1851-1962.
+
+    The 112 counts (191 disasters) in the form of Carlin, Gelfand & Smith (1992), from
+    the dates of Maguire, Pearson & Wynn (1952) as corrected by Jarrett (1979).
+
+    Returns:
+      ``(year, count)``, two integer arrays of shape ``(112,)``.
+    """
+    rows = _rows("coal_mining_disasters.csv")
+    return (
+        np.array([int(r["year"]) for r in rows]),
+        np.array([int(r["count"]) for r in rows]),
+    )
