@@ -1,5 +1,9 @@
-"""What the paper's experiments compare the fixed-form approximation to."""
+"""What the paper's experiments compare the fixed-form approximation to.
 
-from jaxvb.baselines import vbem_probit
+``numpyro_probit`` imports NumPyro only when its functions run, so importing this
+package never needs it.
+"""
 
-__all__ = ["vbem_probit"]
+from jaxvb.baselines import numpyro_probit, vbem_probit
+
+__all__ = ["numpyro_probit", "vbem_probit"]
