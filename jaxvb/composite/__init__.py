@@ -1,0 +1,19 @@
+"""Composite approximations: hierarchical blocks (section 6.1)."""
+
+from jaxvb.composite.hierarchical import (
+    ConditionalBlock,
+    GaussianSitesBlock,
+    Hierarchical,
+    HierarchicalStats,
+    LatentGaussianModel,
+    hierarchical,
+)
+
+__all__ = [
+    "ConditionalBlock",
+    "GaussianSitesBlock",
+    "Hierarchical",
+    "HierarchicalStats",
+    "LatentGaussianModel",
+    "hierarchical",
+]

@@ -1,0 +1,464 @@
+r"""Hierarchical approximations ``q(x1) q(x2 | x1) ... q(f | x1, ..., xn)`` (section 6.1).
+
+Each block is an exponential family whose natural parameters may depend on the earlier
+blocks. For block ``i`` with statistics ``T_i`` and parameters ``eta_i`` the KL-optimal
+parameters solve (eq. hierarchicalupdate)
+
+    eta_i = C_i^{-1} g_i,
+    C_i = E_{q(x_<i)} Var_{q(x_i | x_<i)}[T_i],
+    g_i = E_{q(x_<i)} Cov_{q(x_>=i | x_<i)}[T_i, r_{-i}],
+    r_{-i} = log p(x, y) - log q(x) + log q(x_i | x_<i),
+
+and ``fit``'s loop runs one regression per block at every step.
+
+What is here:
+
+* :class:`ConditionalBlock`: a scalar block ``q(x_i | x_<i)`` = a standard family (Beta,
+  InverseGamma, ...) with natural parameters ``A(x_<i) eta_i``, i.e. statistics
+  ``T_i(x_i; x_<i) = A(x_<i)' T(x_i)``. Its ``C_i, g_i`` are the gradient statistics
+  of section 5.2 (eq. grad) from one reparameterised draw.
+* :class:`GaussianSitesBlock`: the last block, ``q(f | theta) ∝ p(f | theta) q(y | f)``
+  with the exact Gaussian prior ``p(f | theta)`` (arrowhead precision, zero mean) and a
+  Gaussian approximate likelihood ``q(y | f) = exp(eta7' f - f' eta6 f / 2)`` whose
+  precision ``eta6`` has a diagonal-plus-border pattern. Its statistics are those of
+  Algorithm 2 (``a = E grad log p(y|f)``, ``eta6 = -E hess log p(y|f)``, ``z = E f``),
+  Rao-Blackwellised: the model gives the expectations under ``q(f | theta)``
+  analytically from the mean and the selected inverse (:class:`LatentGaussianModel`).
+* :class:`Hierarchical`: the joint ``q`` as a pytree (``sample``, ``log_prob``,
+  ``is_proper``), and :func:`hierarchical`, the :class:`~jaxvb.methods.Method` that
+  ``jaxvb.fit`` runs.
+
+Indirect effects (eqs. sv2 vs svapprox). With ``f`` integrated out, the target of a
+scalar block is ``G_i(theta) = log p(theta) + log q(y | theta) - sum_{j != i} log
+q_j(theta_j | theta_<j) + E_{q(f|theta)}[log p(y|f) - log q(y|f)]`` and
+``g_i = d theta / d eta_i . dG_i/dtheta``. With ``indirect_effects=True`` the derivative
+is total: it follows the later draws ``theta_{>i} = s(eta, z, theta_<=i)`` and the
+dependence of ``q(f | theta)`` on ``theta`` (eq. sv2). With ``False`` (the paper's choice,
+eq. svapprox) the later draws and ``f`` are held fixed, which drops the last term and
+the paths through later blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxvb.families._base import Array, ExponentialFamily, build, register_family
+from jaxvb.linalg import (
+    Arrowhead,
+    cholesky_arrowhead,
+    logdet_arrowhead,
+    matvec_arrowhead,
+    sample_arrowhead,
+    selected_inverse_arrowhead,
+    solve_arrowhead,
+)
+from jaxvb.methods._base import Method
+from jaxvb.methods.gradient import GradientStats, _solve_linear
+
+_STATIC = {"static": True}
+
+
+def _identity_design(parents: Array, k: int) -> Array:
+    del parents
+    return jnp.eye(k)
+
+
+@register_family
+class ConditionalBlock(ExponentialFamily):
+    """A scalar block ``q(x_i | x_<i)``: ``base`` with natural parameters ``A(x_<i) eta``.
+
+    Attributes:
+      eta: the block's natural parameters, shape ``(k_i,)``.
+      base: an instance of the standard family (scalar event shape); only its type and
+        shape are used.
+      design: static ``parents (i,) -> A (k_base, k_i)``; ``None`` for the identity.
+      proper: static ``eta -> bool``, whether ``eta`` is proper for every parent value;
+        ``None``: ``base`` at ``eta`` (only for the identity design).
+    """
+
+    eta: Array
+    base: ExponentialFamily
+    design: Callable | None = dataclasses.field(default=None, metadata=_STATIC)
+    proper: Callable | None = dataclasses.field(default=None, metadata=_STATIC)
+
+    @property
+    def event_shape(self):
+        return ()
+
+    @property
+    def natural_params(self):
+        return self.eta
+
+    def from_natural(self, eta):
+        return dataclasses.replace(self, eta=eta)
+
+    def matrix(self, parents: Array) -> Array:
+        k = self.eta.shape[0]
+        if self.design is None:
+            return _identity_design(parents, k).astype(self.eta.dtype)
+        return jnp.asarray(self.design(parents), self.eta.dtype)
+
+    def given(self, parents: Array, eta: Array | None = None) -> ExponentialFamily:
+        """The standard family ``q(x_i | parents)``."""
+        eta = self.eta if eta is None else eta
+        return self.base.from_natural(self.matrix(parents) @ eta)
+
+    def stats(self, x: Array, parents: Array) -> Array:
+        """``T_i(x; parents) = A(parents)' T(x)``, shape ``(k_i,)``."""
+        return self.matrix(parents).T @ self.base.sufficient_stats(x)
+
+    @property
+    def is_proper(self):
+        if self.proper is not None:
+            return jnp.asarray(self.proper(self.eta))
+        return self.base.from_natural(self.eta).is_proper
+
+
+class LatentGaussianModel(NamedTuple):
+    """What a model gives the Gaussian block ``f`` (length ``T + k``, border last).
+
+    ``log p(theta, f, y) = log_prior(theta) + log N(f | 0, Q(theta)^{-1}) + log p(y | f)``,
+    with ``Q`` an arrowhead precision that may be singular on the border (a flat prior).
+
+    Attributes:
+      log_prior: ``theta (n,) -> log p(theta)``.
+      prior_precision: ``theta -> (Q: Arrowhead, logdet)``, ``logdet`` the log
+        pseudo-determinant of ``Q`` (over its proper part; flat directions count 1).
+      expected_log_lik: ``(mean, cov: Arrowhead) -> E log p(y | f)`` under
+        ``N(mean, Sigma)``, with ``cov`` the selected inverse (band, border, corner).
+      expected_derivatives: ``(mean, cov) -> (E grad, E(-hess))``, the gradient
+        ``(T + k,)`` and minus the Hessian of ``log p(y | f)`` as an ``Arrowhead`` with a
+        diagonal band ``(1, T)``.
+    """
+
+    log_prior: Callable
+    prior_precision: Callable
+    expected_log_lik: Callable
+    expected_derivatives: Callable
+
+
+@register_family
+class GaussianSitesBlock(ExponentialFamily):
+    """``q(f | theta) ∝ p(f | theta) exp(shift' f - f' sites f / 2)``.
+
+    Attributes:
+      sites: ``eta6`` as an ``Arrowhead`` with diagonal band ``(1, T)``, border
+        ``(T, k)`` and corner ``(k, k)``.
+      shift: ``eta7``, shape ``(T + k,)``.
+      prior: static ``theta -> (Q: Arrowhead, logdet)``.
+    """
+
+    sites: Arrowhead
+    shift: Array
+    prior: Callable = dataclasses.field(default=None, metadata=_STATIC)
+
+    @property
+    def event_shape(self):
+        return self.shift.shape
+
+    @property
+    def natural_params(self):
+        s = self.sites
+        return jnp.concatenate(
+            [s.band.ravel(), s.border.ravel(), s.corner.ravel(), self.shift]
+        )
+
+    def precision(self, theta: Array) -> Arrowhead:
+        q, _ = self.prior(theta)
+        band = q.band.at[0].add(self.sites.band[0])
+        return Arrowhead(band, q.border + self.sites.border, q.corner + self.sites.corner)
+
+    def posterior(self, theta: Array):
+        """``(mean, Cholesky factor)`` of ``q(f | theta)``."""
+        factor = cholesky_arrowhead(self.precision(theta))
+        return solve_arrowhead(factor, self.shift), factor
+
+    def log_marginal(self, theta: Array, factor=None) -> Array:
+        """``log q(y | theta) = log ∫ p(f | theta) q(y | f) df`` (up to a constant)."""
+        _, logdet_prior = self.prior(theta)
+        if factor is None:
+            factor = cholesky_arrowhead(self.precision(theta))
+        mean = solve_arrowhead(factor, self.shift)
+        return 0.5 * (logdet_prior - logdet_arrowhead(factor) + self.shift @ mean)
+
+    def log_site(self, mean: Array, cov: Arrowhead) -> Array:
+        """``E log q(y | f) = shift' m - (m' eta6 m + tr(eta6 Sigma)) / 2`` (selected)."""
+        s = self.sites
+        quad = mean @ matvec_arrowhead(s, mean)
+        trace = (
+            jnp.sum(s.band[0] * cov.band[0])
+            + 2.0 * jnp.sum(s.border * cov.border)
+            + jnp.sum(s.corner * cov.corner)
+        )
+        return self.shift @ mean - 0.5 * (quad + trace)
+
+    def log_prob_given(self, f: Array, theta: Array) -> Array:
+        mean, factor = self.posterior(theta)
+        p = self.precision(theta)
+        r = f - mean
+        n = f.shape[0]
+        return 0.5 * (
+            logdet_arrowhead(factor)
+            - r @ matvec_arrowhead(p, r)
+            - n * math.log(2 * math.pi)
+        )
+
+    @property
+    def is_proper(self):
+        # eta6 positive semi-definite (with the diagonal positive) makes q(f | theta)
+        # proper for every theta whose prior is PD on the non-border part.
+        h, b, c = self.sites.band[0], self.sites.border, self.sites.corner
+        ok_h = jnp.all(h > 0)
+        safe = jnp.where(h > 0, h, 1.0)
+        schur = c - (b / safe[:, None]).T @ b
+        scale = jnp.maximum(jnp.max(jnp.abs(c)), jnp.finfo(c.dtype).tiny)
+        eig = jnp.linalg.eigvalsh(0.5 * (schur + schur.T))
+        finite = jnp.all(jnp.isfinite(self.shift)) & jnp.all(jnp.isfinite(b))
+        return ok_h & finite & jnp.all(eig > -1e-8 * scale)
+
+
+@register_family
+class Hierarchical(ExponentialFamily):
+    """``q(x) = q_1(x_1) q_2(x_2 | x_1) ... q_n(x_n | x_<n) q(f | x_1..x_n)``.
+
+    ``x`` is flat: the ``n`` scalar blocks first, then ``f``. A pytree whose leaves are
+    the blocks' parameters; ``jaxvb.fit`` runs it with :func:`hierarchical`.
+
+    Attributes:
+      scalars: tuple of :class:`ConditionalBlock`.
+      gaussian: the :class:`GaussianSitesBlock`.
+    """
+
+    scalars: tuple
+    gaussian: GaussianSitesBlock
+
+    @property
+    def num_scalars(self) -> int:
+        return len(self.scalars)
+
+    @property
+    def event_shape(self):
+        return (self.num_scalars + self.gaussian.shift.shape[0],)
+
+    @property
+    def dtype(self):
+        return self.gaussian.shift.dtype
+
+    @property
+    def natural_params(self):
+        return jnp.concatenate(
+            [b.eta for b in self.scalars] + [self.gaussian.natural_params]
+        )
+
+    @property
+    def is_proper(self):
+        ok = self.gaussian.is_proper
+        for b in self.scalars:
+            ok = ok & b.is_proper
+        return ok
+
+    def draw_scalars(self, keys, etas=None, hold=None):
+        """The scalar draws ``theta`` from per-block noise, optionally at other ``etas``."""
+        theta = jnp.zeros((0,), self.dtype)
+        for i, b in enumerate(self.scalars):
+            eta = None if etas is None else etas[i]
+            x = b.given(theta, eta).from_noise(keys[i]).astype(self.dtype)
+            if hold is not None and i > hold:
+                x = jax.lax.stop_gradient(x)
+            theta = jnp.concatenate([theta, x[None]])
+        return theta
+
+    def log_q_scalars(self, theta: Array) -> Array:
+        """``log q_i(theta_i | theta_<i)`` for each block, shape ``(n,)``."""
+        return jnp.stack(
+            [b.given(theta[:i]).log_prob(theta[i]) for i, b in enumerate(self.scalars)]
+        )
+
+    def sample(self, key, sample_shape=()):
+        n = math.prod(sample_shape)
+
+        def one(k):
+            k_theta, k_f = jax.random.split(k)
+            theta = self.draw_scalars(jax.random.split(k_theta, self.num_scalars))
+            mean, factor = self.gaussian.posterior(theta)
+            f = sample_arrowhead(k_f, factor, mean)
+            return jnp.concatenate([theta, f])
+
+        if sample_shape == ():
+            return one(key)
+        x = jax.vmap(one)(jax.random.split(key, n))
+        return x.reshape(tuple(sample_shape) + self.event_shape)
+
+    def log_prob(self, x):
+        x = jnp.asarray(x, self.dtype)
+        n = self.num_scalars
+        theta, f = x[:n], x[n:]
+        lq = jnp.sum(self.log_q_scalars(theta))
+        safe = jnp.where(jnp.isfinite(lq), theta, self.draw_mode())
+        return lq + self.gaussian.log_prob_given(f, safe)
+
+    def draw_mode(self):
+        # A point inside every scalar support, to keep masked branches finite.
+        theta = jnp.zeros((0,), self.dtype)
+        for b in self.scalars:
+            q = b.given(theta)
+            theta = jnp.concatenate(
+                [theta, jnp.asarray(q._support_point(), self.dtype)[None]]
+            )
+        return theta
+
+
+class HierarchicalStats(NamedTuple):
+    """Per scalar block ``C_i, g_i`` (eq. grad); Algorithm 2's ``a, eta6, z`` for ``f``."""
+
+    scalars: tuple
+    a: Array
+    sites: Arrowhead
+    z: Array
+
+
+def _split_etas(q: Hierarchical):
+    return tuple(b.eta for b in q.scalars)
+
+
+def hierarchical(model: LatentGaussianModel, *, indirect_effects: bool = False) -> Method:
+    """Eq. hierarchicalupdate for a :class:`Hierarchical` ``q``, one draw per step.
+
+    Each step draws ``theta = (x_1..x_n)`` by reparameterisation, solves the Gaussian
+    block at ``theta`` in ``O(T)`` (arrowhead Cholesky, mean, selected inverse) and
+    forms, without sampling ``f``:
+
+    * per scalar block, ``C_i^ = d/deta_i T_i(x_i)`` and ``g_i^ = d/deta_i G_i`` (see the
+      module docstring; ``indirect_effects`` chooses eq. sv2 or svapprox);
+    * for ``f``, ``a^ = E grad log p(y|f)``, ``eta6^ = -E hess log p(y|f)``,
+      ``z^ = E f`` under ``q(f | theta)``, from ``model.expected_derivatives``;
+
+    and ``solve`` gives ``eta_i = C_i^{-1} g_i``, ``eta7 = a + eta6 z``.
+
+    The ``log_joint`` given to ``fit`` is used only for the diagnostics and for the
+    value reported per step (at ``f`` = its conditional mean).
+
+    Args:
+      model: the structure of the log joint, :class:`LatentGaussianModel`.
+      indirect_effects: keep the paths through later blocks (eq. sv2) or not (eq.
+        svapprox, the default as in the paper).
+
+    Returns:
+      A :class:`~jaxvb.methods.Method` for :func:`jaxvb.fit`.
+    """
+
+    def expensive(q: Hierarchical, theta: Array):
+        """``H(theta) = log p(theta) + log q(y|theta) [+ E(log p(y|f) - log q(y|f))]``."""
+        g = q.gaussian
+        _, logdet_prior = g.prior(theta)
+        factor = cholesky_arrowhead(g.precision(theta))
+        mean = solve_arrowhead(factor, g.shift)
+        cov = selected_inverse_arrowhead(factor)
+        log_marg = 0.5 * (logdet_prior - logdet_arrowhead(factor) + g.shift @ mean)
+        extra = model.expected_log_lik(mean, cov) - g.log_site(mean, cov)
+        if not indirect_effects:
+            extra = jax.lax.stop_gradient(extra)
+        value = model.log_prior(theta) + log_marg + extra
+        aux = (
+            jax.lax.stop_gradient(mean),
+            jax.tree_util.tree_map(jax.lax.stop_gradient, cov),
+        )
+        return value, aux
+
+    def init_fn(key, q0, log_joint):
+        del log_joint
+        if not isinstance(q0, Hierarchical):
+            raise TypeError(
+                f"the hierarchical method needs a jaxvb.composite.Hierarchical q0, got "
+                f"{type(q0).__name__}"
+            )
+        n = q0.num_scalars
+        num = 64
+        keys = jax.random.split(key, (num, n))
+        thetas = jax.vmap(lambda k: q0.draw_scalars(k))(keys)
+        scalars = []
+        for i, b in enumerate(q0.scalars):
+
+            def fisher(theta, b=b, i=i):
+                a = b.matrix(theta[:i])
+                return a.T @ b.base.from_natural(a @ b.eta).fisher_information @ a
+
+            c = jnp.mean(jax.vmap(fisher)(thetas), axis=0)
+            scalars.append(GradientStats(C=c, g=c @ b.eta))
+        g = q0.gaussian
+        return HierarchicalStats(tuple(scalars), g.shift, g.sites, jnp.zeros_like(g.shift))
+
+    def noise_fn(key, q):
+        return jax.random.split(key, q.num_scalars)
+
+    def estimate_fn(noise, q, log_joint):
+        etas = _split_etas(q)
+        theta = q.draw_scalars(noise)
+        (value, (mean, cov)), dh = jax.value_and_grad(expensive, argnums=1, has_aux=True)(
+            q, theta
+        )
+        del value
+        lq_grad = jax.jacrev(q.log_q_scalars)(theta)  # (n blocks, n thetas)
+        total = jnp.sum(lq_grad, axis=0)
+        scalars = []
+        for i in range(q.num_scalars):
+            # dG_i/dtheta = dH/dtheta - sum_{j != i} d log q_j / dtheta
+            dg = dh - total + lq_grad[i]
+
+            def draws(eta_i, i=i):
+                e = etas[:i] + (eta_i,) + etas[i + 1 :]
+                th = q.draw_scalars(noise, e, hold=None if indirect_effects else i)
+                t_i = q.scalars[i].stats(th[i], th[:i])
+                return jnp.concatenate([t_i, th])
+
+            jac = jax.jacfwd(draws)(etas[i])  # (k_i + n, k_i)
+            k = etas[i].shape[0]
+            dtheta = jac[k:]  # (n, k_i)
+            if not indirect_effects:
+                dtheta = dtheta.at[:i].set(0.0).at[i + 1 :].set(0.0)
+            scalars.append(GradientStats(C=jac[:k].T, g=dtheta.T @ dg))
+        grad, neg_hess = model.expected_derivatives(mean, cov)
+        x = jnp.concatenate([theta, mean])
+        log_p = log_joint(x)
+        stats = HierarchicalStats(tuple(scalars), grad, neg_hess, mean)
+        return stats, x, log_p
+
+    def solve_fn(stats, q):
+        scalars = tuple(
+            b.from_natural(_solve_linear(s.C, s.g))
+            for b, s in zip(q.scalars, stats.scalars, strict=True)
+        )
+        shift = stats.a + matvec_arrowhead(stats.sites, stats.z)
+        gaussian = build(
+            GaussianSitesBlock, sites=stats.sites, shift=shift, prior=q.gaussian.prior
+        )
+        return build(Hierarchical, scalars=scalars, gaussian=gaussian)
+
+    def min_draws(q):
+        return max(b.eta.shape[0] for b in q.scalars)
+
+    label = "sv2" if indirect_effects else "svapprox"
+    return Method(
+        name=f"hierarchical({label})",
+        init=init_fn,
+        noise=noise_fn,
+        estimate=estimate_fn,
+        solve=solve_fn,
+        min_draws=min_draws,
+    )
+
+
+__all__ = [
+    "ConditionalBlock",
+    "GaussianSitesBlock",
+    "Hierarchical",
+    "HierarchicalStats",
+    "LatentGaussianModel",
+    "hierarchical",
+]

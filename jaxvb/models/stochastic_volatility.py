@@ -1,0 +1,427 @@
+r"""The stochastic-volatility model of the paper (section 6.1), fitted in ``O(T)``.
+
+Model (Girolami & Calderhead 2011, as in the paper):
+
+    y_t = eps_t beta exp(v_t / 2),   v_{t+1} = phi v_t + xi_{t+1},
+    v_1 ~ N(0, s2 / (1 - phi^2)),    eps ~ N(0, 1),   xi ~ N(0, s2),
+    p(beta) ∝ 1 / beta,   (phi + 1) / 2 ~ Beta(20, 1.5),   s2 ~ Inv-Gamma(5, 0.25).
+
+Parameterisation of :func:`log_joint`: ``x = (u, s2, v_1..v_T, log beta)`` with
+``u = (phi + 1) / 2`` in ``(0, 1)``, ``s2 > 0`` (the natural parameters of the
+approximating families; the prior of ``u`` is the Beta(20, 1.5) density itself, and
+the flat prior on ``log beta`` is ``p(beta) ∝ 1/beta``).
+
+Approximation (the paper's): ``q(u) = Beta``, ``q(s2 | phi) = Inv-Gamma(eta3, eta4 +
+eta5 phi^2)``, ``q(f | phi, s2) ∝ p(f | phi, s2) q(y | f)`` with ``f = (v, log beta)``
+(``log beta`` last, so that the precision is an arrowhead: tridiagonal AR(1) prior plus
+diagonal-and-border Gaussian sites). The expectations over ``f`` are analytic:
+``y_t^2 exp(-v_t - 2 log beta)`` is log-normal under ``q(f | phi, s2)``, so they need
+only the mean and the selected inverse (:mod:`jaxvb.linalg.arrowhead`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import gammaln
+from jax.typing import ArrayLike
+
+from jaxvb import _fit as _engine
+from jaxvb._special import betaln
+from jaxvb.composite.hierarchical import (
+    ConditionalBlock,
+    GaussianSitesBlock,
+    Hierarchical,
+    LatentGaussianModel,
+    hierarchical,
+)
+from jaxvb.families._base import build
+from jaxvb.families.beta import Beta
+from jaxvb.families.inverse_gamma import InverseGamma
+from jaxvb.linalg import Arrowhead
+
+#: Prior hyperparameters: ``(phi + 1) / 2 ~ Beta(PHI_A, PHI_B)``, ``s2 ~ Inv-Gamma(S2_A, S2_B)``.
+PHI_A, PHI_B = 20.0, 1.5
+S2_A, S2_B = 5.0, 0.25
+#: Moments of ``log chi^2_1``, for the initial sites (as in the authors' code).
+LOG_CHI2_MEAN = -1.2704
+LOG_CHI2_VAR = math.pi**2 / 2.0
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+def check_series(y: ArrayLike) -> np.ndarray:
+    """``y`` as a float64 1-D array, or a ``ValueError`` naming what is wrong."""
+    y = np.asarray(y)
+    if y.ndim != 1:
+        raise ValueError(
+            f"y must be a 1-D series of returns, got an array of shape {y.shape}"
+        )
+    if not np.issubdtype(y.dtype, np.number) or np.issubdtype(y.dtype, np.complexfloating):
+        raise ValueError(f"y must hold real numbers, got dtype {y.dtype}")
+    y = y.astype(np.float64)
+    if y.shape[0] < 3:
+        raise ValueError(f"y must have at least 3 observations, got {y.shape[0]}")
+    bad = ~np.isfinite(y)
+    if bad.any():
+        i = np.flatnonzero(bad)
+        raise ValueError(
+            f"y has {i.size} non-finite values (NaN or inf), first at index {i[0]}; "
+            "drop or fill them before fitting"
+        )
+    zero = y == 0
+    if zero.any():
+        i = np.flatnonzero(zero)
+        raise ValueError(
+            f"y has {i.size} zeros, first at index {i[0]}: log y^2 = -inf there and the "
+            "likelihood exp(-y^2 ...) carries no information on the volatility. Drop "
+            "them or replace them with a small value (e.g. half the smallest |y|)."
+        )
+    return y
+
+
+def _phi(u):
+    return 2.0 * u - 1.0
+
+
+def log_joint(x: ArrayLike, y: ArrayLike) -> jax.Array:
+    """Log joint of ``x = ((phi + 1)/2, s2, v_1..v_T, log beta)``, shape ``(T + 3,)``.
+
+    ``-inf`` outside the support (``u`` outside (0, 1), ``s2 <= 0``).
+    """
+    x = jnp.asarray(x)
+    y = jnp.asarray(y, x.dtype)
+    u, s2, v, lb = x[0], x[1], x[2:-1], x[-1]
+    inside = (u > 0) & (u < 1) & (s2 > 0)
+    u = jnp.where(inside, u, 0.5)
+    s2 = jnp.where(inside, s2, 1.0)
+    phi = _phi(u)
+    lp_u = (PHI_A - 1) * jnp.log(u) + (PHI_B - 1) * jnp.log1p(-u) - betaln(PHI_A, PHI_B)
+    lp_s2 = S2_A * jnp.log(S2_B) - gammaln(S2_A) - (S2_A + 1) * jnp.log(s2) - S2_B / s2
+    t = v.shape[0]
+    resid = v[1:] - phi * v[:-1]
+    lp_v = (
+        0.5 * jnp.log1p(-(phi**2))
+        - 0.5 * t * jnp.log(s2)
+        - 0.5 * t * _LOG_2PI
+        - 0.5 * ((1 - phi**2) * v[0] ** 2 + jnp.sum(resid**2)) / s2
+    )
+    lp_y = jnp.sum(-0.5 * _LOG_2PI - lb - 0.5 * v - 0.5 * y**2 * jnp.exp(-v - 2.0 * lb))
+    return jnp.where(inside, lp_u + lp_s2 + lp_v + lp_y, -jnp.inf)
+
+
+def simulate(key: jax.Array, T: int, phi: float, s2: float, beta: float) -> np.ndarray:
+    """A series ``y`` of length ``T`` from the model (stationary start).
+
+    Returns ``y`` as a NumPy array (float64 where x64 is on); ``(y, v)`` via
+    :func:`simulate_with_volatility`.
+    """
+    return simulate_with_volatility(key, T, phi, s2, beta)[0]
+
+
+def simulate_with_volatility(key, T, phi, s2, beta):
+    """``(y, v)``, each of shape ``(T,)``."""
+    k1, k2, k3 = jax.random.split(key, 3)
+    xi = jax.random.normal(k1, (T,)) * math.sqrt(s2)
+    v1 = jax.random.normal(k2) * math.sqrt(s2 / (1 - phi**2))
+
+    def step(v, e):
+        nv = phi * v + e
+        return nv, nv
+
+    _, rest = jax.lax.scan(step, v1, xi[1:])
+    v = jnp.concatenate([v1[None], rest])
+    y = jax.random.normal(k3, (T,)) * beta * jnp.exp(v / 2)
+    return np.asarray(y), np.asarray(v)
+
+
+# --- the approximation ---------------------------------------------------------------
+
+
+def _s2_design(parents):
+    """``q(s2 | phi)``: Inv-Gamma natural params ``(a + 1, b) = A(phi) (eta3, eta4, eta5)``."""
+    phi = _phi(parents[0])
+    one, zero = jnp.ones_like(phi), jnp.zeros_like(phi)
+    return jnp.stack([jnp.stack([one, zero, zero]), jnp.stack([zero, one, phi**2])])
+
+
+def _s2_proper(eta):
+    # shape > 0, and scale eta4 + eta5 phi^2 > 0 for every phi in (-1, 1).
+    return (eta[0] > 1.0) & (eta[1] > 0.0) & (eta[1] + eta[2] > 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ARPrior:
+    """``theta -> (Q, logdet)``: the AR(1) prior precision of ``(v, log beta)``."""
+
+    T: int
+
+    def __call__(self, theta):
+        u, s2 = theta[0], theta[1]
+        phi = _phi(u)
+        t = self.T
+        dtype = theta.dtype
+        diag = jnp.full((t,), 1.0 + phi**2, dtype).at[0].set(1.0).at[-1].set(1.0) / s2
+        off = jnp.full((t,), -phi / s2, dtype).at[-1].set(0.0)
+        q = Arrowhead(
+            jnp.stack([diag, off]), jnp.zeros((t, 1), dtype), jnp.zeros((1, 1), dtype)
+        )
+        return q, jnp.log1p(-(phi**2)) - t * jnp.log(s2)
+
+
+def _lognormal_term(log_y2, mean, cov):
+    t = log_y2.shape[0]
+    v, lb = mean[:t], mean[t]
+    var = cov.band[0] + 4.0 * cov.border[:, 0] + 4.0 * cov.corner[0, 0]
+    return v, lb, jnp.exp(log_y2 - v - 2.0 * lb + 0.5 * var)
+
+
+def _expected_log_lik(log_y2, mean, cov):
+    v, lb, e = _lognormal_term(log_y2, mean, cov)
+    return jnp.sum(-0.5 * _LOG_2PI - lb - 0.5 * v - 0.5 * e)
+
+
+def _expected_derivatives(log_y2, mean, cov):
+    _, _, e = _lognormal_term(log_y2, mean, cov)
+    grad = jnp.concatenate([0.5 * e - 0.5, jnp.sum(e - 1.0)[None]])
+    neg_hess = Arrowhead((0.5 * e)[None], e[:, None], (2.0 * jnp.sum(e))[None, None])
+    return grad, neg_hess
+
+
+def _log_prior(theta):
+    u, s2 = theta[0], theta[1]
+    return (
+        (PHI_A - 1) * jnp.log(u)
+        + (PHI_B - 1) * jnp.log1p(-u)
+        - (S2_A + 1) * jnp.log(s2)
+        - S2_B / s2
+    )
+
+
+def model_structure(y: jax.Array) -> LatentGaussianModel:
+    """The :class:`~jaxvb.composite.LatentGaussianModel` of the SV model for ``y``."""
+    log_y2 = jnp.log(jnp.square(y))
+    return LatentGaussianModel(
+        log_prior=_log_prior,
+        prior_precision=_ARPrior(int(y.shape[0])),
+        expected_log_lik=partial(_expected_log_lik, log_y2),
+        expected_derivatives=partial(_expected_derivatives, log_y2),
+    )
+
+
+def initial_q(y: jax.Array) -> Hierarchical:
+    """The paper's start: the prior for ``phi`` and ``s2``; sites at the log-chi^2 moments."""
+    y = jnp.asarray(y)
+    dtype = y.dtype
+    t = y.shape[0]
+    one = jnp.ones((), dtype)
+    q_u = ConditionalBlock(
+        eta=jnp.array([PHI_A - 1, PHI_B - 1], dtype),
+        base=build(Beta, concentration1=one, concentration0=one),
+    )
+    q_s2 = ConditionalBlock(
+        eta=jnp.array([S2_A + 1, S2_B, 0.0], dtype),
+        base=build(InverseGamma, concentration=one, scale=one),
+        design=_s2_design,
+        proper=_s2_proper,
+    )
+    tau = 1.0 / LOG_CHI2_VAR
+    mu = jnp.log(jnp.square(y)) - LOG_CHI2_MEAN
+    sites = Arrowhead(
+        jnp.full((1, t), tau, dtype),
+        jnp.full((t, 1), 2.0 * tau, dtype),
+        jnp.full((1, 1), 4.0 * tau * t, dtype),
+    )
+    shift = jnp.concatenate([tau * mu, (2.0 * tau * jnp.sum(mu))[None]])
+    gaussian = GaussianSitesBlock(sites=sites, shift=shift, prior=_ARPrior(int(t)))
+    return Hierarchical(scalars=(q_u, q_s2), gaussian=gaussian)
+
+
+class SVFit(NamedTuple):
+    """What :func:`fit` returns: the engine's result fields and ``sample``.
+
+    Attributes:
+      q: the fitted :class:`~jaxvb.composite.Hierarchical` approximation.
+      elbo, log_evidence, kl, r_squared, residual_variance, elbo_stderr, status: as in
+        :class:`jaxvb.Result`.
+      result: the full :class:`jaxvb.Result`.
+    """
+
+    q: Hierarchical
+    elbo: jax.Array
+    log_evidence: jax.Array
+    kl: jax.Array
+    r_squared: jax.Array
+    residual_variance: jax.Array
+    elbo_stderr: jax.Array
+    status: jax.Array
+    result: Any
+
+    @property
+    def ok(self):
+        return self.result.ok
+
+    def sample(self, key: jax.Array, n: int) -> dict[str, jax.Array]:
+        """``n`` joint draws: ``phi (n,)``, ``s2 (n,)``, ``beta (n,)``, ``v (n, T)``."""
+        x = self.q.sample(key, (n,))
+        return {
+            "phi": _phi(x[:, 0]),
+            "s2": x[:, 1],
+            "beta": jnp.exp(x[:, -1]),
+            "v": x[:, 2:-1],
+        }
+
+
+@partial(
+    jax.jit,
+    static_argnames=("num_steps", "indirect_effects", "num_eval_draws", "max_backtracks"),
+)
+def _fit(y, key, *, num_steps, indirect_effects, num_eval_draws, max_backtracks):
+    method = hierarchical(model_structure(y), indirect_effects=indirect_effects)
+    return _engine.fit(
+        partial(log_joint, y=y),
+        initial_q(y),
+        key,
+        num_steps=num_steps,
+        method=method,
+        num_eval_draws=num_eval_draws,
+        max_backtracks=max_backtracks,
+        on_failure="ignore",
+    )
+
+
+def fit(
+    y: ArrayLike,
+    key: jax.Array,
+    *,
+    num_steps: int = 250,
+    indirect_effects: bool = False,
+    num_eval_draws: int = 1000,
+    max_backtracks: int = 8,
+    on_failure: str = "raise",
+) -> SVFit:
+    """Fits the paper's hierarchical approximation to the SV posterior of ``y``.
+
+    One draw of ``(phi, s2)`` per step, ``f = (v, log beta)`` Rao-Blackwellised; every
+    step is ``O(T)``. Compiled once per ``(T, num_steps, ...)``; later calls reuse it.
+
+    Args:
+      y: the returns, shape ``(T,)``, ``T >= 3``, finite and non-zero.
+      key: a JAX random key.
+      num_steps: iterations (the paper: 250).
+      indirect_effects: eq. sv2 (True) or eq. svapprox (False, the paper's choice).
+      num_eval_draws: draws of ``q`` for the diagnostics.
+      max_backtracks: ``jaxvb.fit``'s step control.
+      on_failure: ``"raise"``, ``"warn"`` or ``"ignore"``, as in :func:`jaxvb.fit`.
+
+    Returns:
+      :class:`SVFit`; ``.sample(key, n)`` gives a dict of draws.
+
+    Example:
+      >>> import jax, jaxvb
+      >>> from jaxvb.models import stochastic_volatility as sv
+      >>> res = sv.fit(jaxvb.data.sv_gbpusd(), jax.random.key(0))  # doctest: +SKIP
+    """
+    y = check_series(y)
+    if on_failure not in ("raise", "warn", "ignore"):
+        raise ValueError(
+            f"on_failure must be 'raise', 'warn' or 'ignore', got {on_failure!r}"
+        )
+    y = jnp.asarray(y, jnp.result_type(float))
+    res = _fit(
+        y,
+        key,
+        num_steps=int(num_steps),
+        indirect_effects=bool(indirect_effects),
+        num_eval_draws=int(num_eval_draws),
+        max_backtracks=int(max_backtracks),
+    )
+    if on_failure != "ignore":
+        status = _engine.Status(int(res.status))
+        if status & _engine.ERRORS and on_failure == "raise":
+            raise _engine.FitError(
+                f"stochastic_volatility.fit: {_engine.explain(res)}", res
+            )
+        if status & (_engine.ERRORS | _engine.Status.NONFINITE_DIAGNOSTICS):
+            import warnings
+
+            warnings.warn(
+                f"stochastic_volatility.fit: {_engine.explain(res)}",
+                _engine.FitWarning,
+                stacklevel=2,
+            )
+    return SVFit(
+        q=res.q,
+        elbo=res.elbo,
+        log_evidence=res.log_evidence,
+        kl=res.kl,
+        r_squared=res.r_squared,
+        residual_variance=res.residual_variance,
+        elbo_stderr=res.elbo_stderr,
+        status=res.status,
+        result=res,
+    )
+
+
+def nuts_reference(
+    y: ArrayLike,
+    key: jax.Array,
+    *,
+    num_warmup: int = 1000,
+    num_samples: int = 2000,
+    num_chains: int = 4,
+    progress_bar: bool = False,
+) -> dict[str, np.ndarray]:
+    """A NumPyro NUTS run on the same model, non-centred volatilities, flat ``log beta``.
+
+    ``v_1 = z_1 sqrt(s2 / (1 - phi^2))``, ``v_t = phi v_{t-1} + sqrt(s2) z_t`` with
+    ``z ~ N(0, I)``. Chains run one after another (``chain_method="sequential"``).
+
+    Returns:
+      dict of draws ``phi, s2, beta`` (``(num_chains * num_samples,)``) and ``v``.
+    """
+    import numpyro
+    import numpyro.distributions as dist
+    from numpyro.distributions import constraints
+    from numpyro.infer import MCMC, NUTS
+
+    y = jnp.asarray(check_series(y))
+
+    def model(y):
+        u = numpyro.sample("u", dist.Beta(PHI_A, PHI_B))
+        s2 = numpyro.sample("s2", dist.InverseGamma(S2_A, S2_B))
+        lb = numpyro.sample("log_beta", dist.ImproperUniform(constraints.real, (), ()))
+        z = numpyro.sample("z", dist.Normal(0.0, 1.0).expand([y.shape[0]]).to_event(1))
+        phi = _phi(u)
+        s = jnp.sqrt(s2)
+        v1 = z[0] * s / jnp.sqrt(1.0 - phi**2)
+
+        def step(v, zt):
+            nv = phi * v + s * zt
+            return nv, nv
+
+        _, rest = jax.lax.scan(step, v1, z[1:])
+        v = numpyro.deterministic("v", jnp.concatenate([v1[None], rest]))
+        numpyro.sample("y", dist.Normal(0.0, jnp.exp(lb + 0.5 * v)), obs=y)
+
+    mcmc = MCMC(
+        NUTS(model),
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        num_chains=num_chains,
+        chain_method="sequential",
+        progress_bar=progress_bar,
+    )
+    mcmc.run(key, y)
+    s = mcmc.get_samples()
+    return {
+        "phi": np.asarray(_phi(s["u"])),
+        "s2": np.asarray(s["s2"]),
+        "beta": np.asarray(jnp.exp(s["log_beta"])),
+        "v": np.asarray(s["v"]),
+    }
