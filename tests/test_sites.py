@@ -61,8 +61,8 @@ def nuts_reference():
 
     mcmc = MCMC(
         NUTS(model),
-        num_warmup=1000,
-        num_samples=4000,
+        num_warmup=500,
+        num_samples=2000,
         num_chains=2,
         chain_method="vectorized",
         progress_bar=False,
