@@ -376,6 +376,7 @@ def nuts_reference(
     num_samples: int = 2000,
     num_chains: int = 4,
     progress_bar: bool = False,
+    group_by_chain: bool = False,
 ) -> dict[str, np.ndarray]:
     """A NumPyro NUTS run on the same model, non-centred volatilities, flat ``log beta``.
 
@@ -383,7 +384,9 @@ def nuts_reference(
     ``z ~ N(0, I)``. Chains run one after another (``chain_method="sequential"``).
 
     Returns:
-      dict of draws ``phi, s2, beta`` (``(num_chains * num_samples,)``) and ``v``.
+      dict of draws ``phi, s2, beta`` (``(num_chains * num_samples,)``) and ``v``
+      (``(num_chains * num_samples, T)``); with ``group_by_chain`` a leading chain axis
+      ``(num_chains, num_samples, ...)`` instead, for R-hat and effective sample sizes.
     """
     import numpyro
     import numpyro.distributions as dist
@@ -418,7 +421,7 @@ def nuts_reference(
         progress_bar=progress_bar,
     )
     mcmc.run(key, y)
-    s = mcmc.get_samples()
+    s = mcmc.get_samples(group_by_chain=group_by_chain)
     return {
         "phi": np.asarray(_phi(s["u"])),
         "s2": np.asarray(s["s2"]),
