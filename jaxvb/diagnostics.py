@@ -66,9 +66,8 @@ def evaluate(
     """
     if num_draws < 2:
         raise ValueError(f"num_draws must be at least 2, got {num_draws}")
-    x = q.sample(key, (num_draws,))
+    x, log_q = q.sample_and_log_prob(key, (num_draws,))
     log_p = jax.vmap(log_joint)(x).astype(q.dtype)
-    log_q = jax.vmap(q.log_prob)(x)
     ok = jnp.isfinite(log_p)
     n = jnp.sum(ok)
     nn = jnp.maximum(n, 2).astype(q.dtype)

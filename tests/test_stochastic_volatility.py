@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+import jaxvb
 from jaxvb import linalg
 from jaxvb.models import stochastic_volatility as sv
 
@@ -146,7 +147,9 @@ def test_log_joint_matches_scipy():
 def test_sample_keys_shapes_and_determinism(short_series):
     y = jnp.asarray(short_series)
     q = sv.initial_q(y)
-    res = sv.SVFit(q, *(jnp.zeros(()),) * 7, None)
+    zero = jnp.zeros(())
+    res = sv.SVFit(jaxvb.Result(q, *(zero,) * 13, None))
+    assert res.q is q and res.elbo is res.result.elbo
     d = res.sample(jax.random.key(0), 5)
     assert set(d) == {"phi", "s2", "beta", "v"}
     assert d["v"].shape == (5, 200)

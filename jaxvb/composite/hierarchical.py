@@ -54,9 +54,9 @@ from jaxvb.linalg import (
     cholesky_arrowhead,
     logdet_arrowhead,
     matvec_arrowhead,
-    sample_arrowhead,
     selected_inverse_arrowhead,
     solve_arrowhead,
+    solve_triangular_arrowhead,
 )
 from jaxvb.methods._base import Method
 from jaxvb.methods.gradient import GradientStats, _solve_linear
@@ -281,19 +281,35 @@ class Hierarchical(ExponentialFamily):
         )
 
     def sample(self, key, sample_shape=()):
+        return self.sample_and_log_prob(key, sample_shape)[0]
+
+    def sample_and_log_prob(self, key, sample_shape=()):
+        """Draws and their ``log q``, one factorisation of ``q(f | theta)`` per draw.
+
+        ``f = L'^{-1} (L^{-1} eta7 + z)`` for ``P(theta) = L L'``, so ``log q(f | theta) =
+        log|L| - z'z / 2 - n log(2 pi) / 2`` needs no second solve.
+        """
         n = math.prod(sample_shape)
+        g = self.gaussian
+        dim = g.shift.shape[0]
 
         def one(k):
             k_theta, k_f = jax.random.split(k)
             theta = self.draw_scalars(jax.random.split(k_theta, self.num_scalars))
-            mean, factor = self.gaussian.posterior(theta)
-            f = sample_arrowhead(k_f, factor, mean)
-            return jnp.concatenate([theta, f])
+            factor = cholesky_arrowhead(g.precision(theta))
+            z = jax.random.normal(k_f, (dim,), self.dtype)
+            y = solve_triangular_arrowhead(factor, g.shift) + z
+            f = solve_triangular_arrowhead(factor, y, transpose=True)
+            log_q_f = 0.5 * (logdet_arrowhead(factor) - z @ z - dim * math.log(2 * math.pi))
+            log_q = jnp.sum(self.log_q_scalars(theta)) + log_q_f
+            return jnp.concatenate([theta, f]), log_q
 
         if sample_shape == ():
             return one(key)
-        x = jax.vmap(one)(jax.random.split(key, n))
-        return x.reshape(tuple(sample_shape) + self.event_shape)
+        x, log_q = jax.vmap(one)(jax.random.split(key, n))
+        return x.reshape(tuple(sample_shape) + self.event_shape), log_q.reshape(
+            sample_shape
+        )
 
     def log_prob(self, x):
         x = jnp.asarray(x, self.dtype)

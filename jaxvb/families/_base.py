@@ -217,6 +217,19 @@ class ExponentialFamily:
         draws = jax.vmap(lambda k: self.from_noise(self.noise(k)))(keys)
         return draws.reshape(tuple(sample_shape) + self.event_shape)
 
+    def sample_and_log_prob(
+        self, key: Array, sample_shape: tuple[int, ...] = ()
+    ) -> tuple[Array, Array]:
+        """``sample(key, sample_shape)`` and ``log_prob`` of each draw.
+
+        A family overrides it where the density of its own draws is cheaper than
+        ``log_prob`` of an arbitrary point (distrax's ``sample_and_log_prob``).
+        """
+        x = self.sample(key, sample_shape)
+        flat = x.reshape((-1,) + self.event_shape)
+        log_q = jax.vmap(self.log_prob)(flat).reshape(tuple(sample_shape))
+        return x, log_q
+
     def __repr__(self) -> str:
         parts = []
         for f in dataclasses.fields(self):

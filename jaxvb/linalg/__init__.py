@@ -30,6 +30,7 @@ from jaxvb.linalg.arrowhead import (
     sample_arrowhead,
     selected_inverse_arrowhead,
     solve_arrowhead,
+    solve_triangular_arrowhead,
     to_dense_arrowhead,
 )
 from jaxvb.linalg.banded import (
@@ -64,6 +65,7 @@ __all__ = [
     "selected_inverse_banded",
     "solve_arrowhead",
     "solve_banded",
+    "solve_triangular_arrowhead",
     "solve_triangular_banded",
     "to_dense",
     "to_dense_arrowhead",

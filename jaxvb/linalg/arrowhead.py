@@ -238,6 +238,13 @@ def _tri_inv(corner: Array) -> Array:
     return solve_triangular(corner, eye, lower=True)
 
 
+def _forward_substitute(factor, b1: Array, b2: Array) -> tuple[Array, Array]:
+    """``L^{-1} b`` with ``L = [[L_A, 0], [W', L_S]]``, as its two blocks ``(T, m), (k, m)``."""
+    band, border, corner = factor
+    y1 = _forward(band, b1)
+    return y1, _tri_inv(corner) @ (b2 - border.T @ y1)
+
+
 def _back_substitute(factor, z1: Array, z2: Array) -> Array:
     """``L'^{-1} z`` with ``L' = [[L_A', W], [0, L_S']]``, ``z = (z1, z2)`` as ``(n, m)``."""
     band, border, corner = factor
@@ -264,10 +271,41 @@ def solve_arrowhead(factor: ArrowheadCholesky, b: ArrayLike) -> Array:
       [1.0, 1.0, 1.0]
     """
     factor, b1, b2, squeeze = _split(factor, b)
-    band, border, corner = factor
-    y1 = _forward(band, b1)
-    y2 = _tri_inv(corner) @ (b2 - border.T @ y1)
+    y1, y2 = _forward_substitute(factor, b1, b2)
     x = _back_substitute(factor, y1, y2)
+    return x[:, 0] if squeeze else x
+
+
+def solve_triangular_arrowhead(
+    factor: ArrowheadCholesky, b: ArrayLike, *, transpose: bool = False
+) -> Array:
+    """``L^{-1} b``, or ``L'^{-1} b`` with ``transpose``, for the factor ``P = L L'``.
+
+    Draws of ``N(P^{-1} h, P^{-1})`` are ``L'^{-1} (L^{-1} h + z)``: one forward and one
+    back substitution give the mean and the noise together.
+
+    Args:
+      factor: from ``cholesky_arrowhead``.
+      b: shape ``(T + k,)`` or ``(T + k, m)``.
+      transpose: solve with ``L'`` instead of ``L``.
+
+    Returns:
+      the solution, shape of ``b``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> p = Arrowhead(jnp.array([[4.0, 4.0]]), jnp.array([[2.0], [2.0]]),
+      ...               jnp.array([[3.0]]))
+      >>> f = cholesky_arrowhead(p)
+      >>> y = solve_triangular_arrowhead(f, jnp.array([6.0, 6.0, 7.0]))
+      >>> solve_triangular_arrowhead(f, y, transpose=True).tolist()
+      [1.0, 1.0, 1.0]
+    """
+    factor, b1, b2, squeeze = _split(factor, b)
+    if transpose:
+        x = _back_substitute(factor, b1, b2)
+    else:
+        x = jnp.concatenate(_forward_substitute(factor, b1, b2))
     return x[:, 0] if squeeze else x
 
 

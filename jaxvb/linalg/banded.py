@@ -190,7 +190,7 @@ def _selected_inverse_tridiagonal(chol: Array) -> Array:
     _, (var, cov) = lax.scan(
         step, jnp.zeros((), chol.dtype), (chol[0], chol[1]), reverse=True
     )
-    return jnp.stack([var, cov])
+    return _zero_padding(jnp.stack([var, cov]))
 
 
 # --------------------------------------------------------------------------- public

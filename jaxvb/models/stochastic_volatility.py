@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -242,33 +242,30 @@ def initial_q(y: jax.Array) -> Hierarchical:
     return Hierarchical(scalars=(q_u, q_s2), gaussian=gaussian)
 
 
-class SVFit(NamedTuple):
-    """What :func:`fit` returns: the engine's result fields and ``sample``.
+@partial(jax.tree_util.register_dataclass, data_fields=["result"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class SVFit:
+    """What :func:`fit` returns: the engine's :class:`jaxvb.Result`, and ``sample``.
+
+    Every field of the result reads through (``.q``, ``.elbo``, ``.log_evidence``,
+    ``.kl``, ``.r_squared``, ``.status``, ``.ok``, ...); ``.q`` is the fitted
+    :class:`~jaxvb.composite.Hierarchical` approximation.
 
     Attributes:
-      q: the fitted :class:`~jaxvb.composite.Hierarchical` approximation.
-      elbo, log_evidence, kl, r_squared, residual_variance, elbo_stderr, status: as in
-        :class:`jaxvb.Result`.
-      result: the full :class:`jaxvb.Result`.
+      result: the :class:`jaxvb.Result` of the fit.
     """
 
-    q: Hierarchical
-    elbo: jax.Array
-    log_evidence: jax.Array
-    kl: jax.Array
-    r_squared: jax.Array
-    residual_variance: jax.Array
-    elbo_stderr: jax.Array
-    status: jax.Array
     result: Any
 
-    @property
-    def ok(self):
-        return self.result.ok
+    def __getattr__(self, name):
+        # Only called for names the dataclass lacks: the Result's fields and properties.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.result, name)
 
     def sample(self, key: jax.Array, n: int) -> dict[str, jax.Array]:
         """``n`` joint draws: ``phi (n,)``, ``s2 (n,)``, ``beta (n,)``, ``v (n, T)``."""
-        x = self.q.sample(key, (n,))
+        x = self.result.q.sample(key, (n,))
         return {
             "phi": _phi(x[:, 0]),
             "s2": x[:, 1],
@@ -355,17 +352,7 @@ def fit(
                 _engine.FitWarning,
                 stacklevel=2,
             )
-    return SVFit(
-        q=res.q,
-        elbo=res.elbo,
-        log_evidence=res.log_evidence,
-        kl=res.kl,
-        r_squared=res.r_squared,
-        residual_variance=res.residual_variance,
-        elbo_stderr=res.elbo_stderr,
-        status=res.status,
-        result=res,
-    )
+    return SVFit(res)
 
 
 def nuts_reference(
