@@ -353,6 +353,39 @@ def _split_etas(q: Hierarchical):
     return tuple(b.eta for b in q.scalars)
 
 
+def _conditional(q: Hierarchical, theta: Array):
+    """``q(f | theta)``: mean, selected inverse and factor of its precision."""
+    g = q.gaussian
+    factor = cholesky_arrowhead(g.precision(theta))
+    mean = solve_arrowhead(factor, g.shift)
+    return mean, selected_inverse_arrowhead(factor), factor
+
+
+def _direct_gradient(model: LatentGaussianModel, q: Hierarchical, theta: Array):
+    """``dH/dtheta`` with ``q(f | theta)`` held fixed in the last term (eq. svapprox).
+
+    Only the prior precision ``Q(theta)`` depends on ``theta``, so with ``P = Q +
+    eta6`` and ``m = P^{-1} eta7``
+
+        d log q(y | theta) = (d log|Q| - tr(P^{-1} dQ) - m' dQ m) / 2,
+
+    where ``tr(P^{-1} dQ)`` needs only the selected inverse (``dQ`` has the arrowhead
+    pattern). ``dQ`` comes from ``jacfwd`` of the elementwise prior, so nothing is
+    differentiated through the ``O(T)`` scans of the factorisation.
+    """
+    mean, cov, _ = _conditional(q, theta)
+
+    def along(direction):
+        _, (d_q, d_logdet) = jax.jvp(q.gaussian.prior, (theta,), (direction,))
+        trace = _arrowhead_inner(cov, d_q)
+        quad = mean @ matvec_arrowhead(d_q, mean)
+        return 0.5 * (d_logdet - trace - quad)
+
+    eye = jnp.eye(theta.shape[0], dtype=theta.dtype)
+    grad = jax.vmap(along)(eye) + jax.grad(model.log_prior)(theta)
+    return grad, (mean, cov)
+
+
 def hierarchical(model: LatentGaussianModel, *, indirect_effects: bool = False) -> Method:
     """Eq. hierarchicalupdate for a :class:`Hierarchical` ``q``, one draw per step.
 
@@ -379,18 +412,11 @@ def hierarchical(model: LatentGaussianModel, *, indirect_effects: bool = False) 
       A :class:`~jaxvb.methods.Method` for :func:`jaxvb.fit`.
     """
 
-    def conditional(q: Hierarchical, theta: Array):
-        """``q(f | theta)``: mean, selected inverse and factor of its precision."""
-        g = q.gaussian
-        factor = cholesky_arrowhead(g.precision(theta))
-        mean = solve_arrowhead(factor, g.shift)
-        return mean, selected_inverse_arrowhead(factor), factor
-
     def expensive(q: Hierarchical, theta: Array):
         """``H(theta) = log p(theta) + log q(y|theta) + E(log p(y|f) - log q(y|f))``."""
         g = q.gaussian
         _, logdet_prior = g.prior(theta)
-        mean, cov, factor = conditional(q, theta)
+        mean, cov, factor = _conditional(q, theta)
         log_marg = 0.5 * (logdet_prior - logdet_arrowhead(factor) + g.shift @ mean)
         extra = model.expected_log_lik(mean, cov) - g.log_site(mean, cov)
         value = model.log_prior(theta) + log_marg + extra
@@ -399,30 +425,6 @@ def hierarchical(model: LatentGaussianModel, *, indirect_effects: bool = False) 
             jax.tree_util.tree_map(jax.lax.stop_gradient, cov),
         )
         return value, aux
-
-    def direct_gradient(q: Hierarchical, theta: Array):
-        """``dH/dtheta`` with ``q(f | theta)`` held fixed in the last term (eq. svapprox).
-
-        Only the prior precision ``Q(theta)`` depends on ``theta``, so with ``P = Q +
-        eta6`` and ``m = P^{-1} eta7``
-
-            d log q(y | theta) = (d log|Q| - tr(P^{-1} dQ) - m' dQ m) / 2,
-
-        where ``tr(P^{-1} dQ)`` needs only the selected inverse (``dQ`` has the arrowhead
-        pattern). ``dQ`` comes from ``jacfwd`` of the elementwise prior, so nothing is
-        differentiated through the ``O(T)`` scans of the factorisation.
-        """
-        mean, cov, _ = conditional(q, theta)
-
-        def along(direction):
-            _, (d_q, d_logdet) = jax.jvp(q.gaussian.prior, (theta,), (direction,))
-            trace = _arrowhead_inner(cov, d_q)
-            quad = mean @ matvec_arrowhead(d_q, mean)
-            return 0.5 * (d_logdet - trace - quad)
-
-        eye = jnp.eye(theta.shape[0], dtype=theta.dtype)
-        grad = jax.vmap(along)(eye) + jax.grad(model.log_prior)(theta)
-        return grad, (mean, cov)
 
     def init_fn(key, q0, log_joint):
         del log_joint
@@ -456,7 +458,7 @@ def hierarchical(model: LatentGaussianModel, *, indirect_effects: bool = False) 
         if indirect_effects:
             dh, (mean, cov) = jax.grad(expensive, argnums=1, has_aux=True)(q, theta)
         else:
-            dh, (mean, cov) = direct_gradient(q, theta)
+            dh, (mean, cov) = _direct_gradient(model, q, theta)
         lq_grad = jax.jacrev(q.log_q_scalars)(theta)  # (n blocks, n thetas)
         total = jnp.sum(lq_grad, axis=0)
         scalars = []
