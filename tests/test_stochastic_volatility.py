@@ -6,6 +6,7 @@ NumPyro NUTS reference (``tests/data/sv_nuts.json``, 4 x 2000 draws). Fits of ot
 series, a fresh NUTS run and the T = 10^5 run are behind ``JAXVB_SLOW=1``.
 """
 
+import importlib
 import json
 import math
 import os
@@ -255,10 +256,8 @@ def test_long_series_is_linear_in_T():
 
 def test_direct_gradient_equals_autodiff_through_the_factorisation():
     """Eq. svapprox's dH/dtheta from the selected inverse == jax.grad through the scans."""
-    import jaxvb.composite.hierarchical  # noqa: F401  (the module, not the function)
-    import sys
-
-    h = sys.modules["jaxvb.composite.hierarchical"]
+    # The module, not the function of the same name that jaxvb.composite exports.
+    h = importlib.import_module("jaxvb.composite.hierarchical")
     y = jnp.asarray(sv.simulate(jax.random.key(3), 40, 0.9, 0.1, 0.8))
     q = sv.initial_q(y)
     model = sv.model_structure(y)
