@@ -247,6 +247,24 @@ def test_arrowhead_against_dense(t, w, k):
     check_arrowhead(p_dense, rhs, t, w, out)
 
 
+@pytest.mark.parametrize(("t", "w", "k"), ARROWHEAD_CASES)
+def test_gaussian_arrowhead_is_factor_mean_and_selected_inverse(t, w, k):
+    """The fused two-scan path (w = 1) and the composed one (other w) against dense."""
+    rng = np.random.default_rng(7 + 1000 * t + 10 * w + k)
+    p_dense = random_arrowhead(rng, t, w, k)
+    h = rng.normal(size=t + k)
+    p = np_arrowhead(p_dense, w, k)
+    factor, mean, sel = jax.jit(la.gaussian_arrowhead)(p, h)
+    expected = la.cholesky_arrowhead(p)
+    for a, b in zip(factor, expected, strict=True):
+        close(a, b)
+    close(mean, np.linalg.solve(p_dense, h))
+    sigma = np.linalg.inv(p_dense)
+    close(np_dense(sel.band), np.where(band_mask(t, w), sigma[:t, :t], 0.0))
+    close(sel.border, sigma[:t, t:])
+    close(sel.corner, sigma[t:, t:])
+
+
 def test_stochastic_volatility_shaped_arrowhead():
     """T = 945 as in the paper's data, AR(1) with phi = 0.98; also the dense round trip."""
     p = sv_shaped()

@@ -52,9 +52,9 @@ from jaxvb.families._base import Array, ExponentialFamily, build, register_famil
 from jaxvb.linalg import (
     Arrowhead,
     cholesky_arrowhead,
+    gaussian_arrowhead,
     logdet_arrowhead,
     matvec_arrowhead,
-    selected_inverse_arrowhead,
     solve_arrowhead,
     solve_triangular_arrowhead,
 )
@@ -356,9 +356,8 @@ def _split_etas(q: Hierarchical):
 def _conditional(q: Hierarchical, theta: Array):
     """``q(f | theta)``: mean, selected inverse and factor of its precision."""
     g = q.gaussian
-    factor = cholesky_arrowhead(g.precision(theta))
-    mean = solve_arrowhead(factor, g.shift)
-    return mean, selected_inverse_arrowhead(factor), factor
+    factor, mean, cov = gaussian_arrowhead(g.precision(theta), g.shift)
+    return mean, cov, factor
 
 
 def _direct_gradient(model: LatentGaussianModel, q: Hierarchical, theta: Array):

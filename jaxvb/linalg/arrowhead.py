@@ -408,3 +408,79 @@ def sample_arrowhead(
     if mean is not None:
         x = x + jnp.asarray(mean, band.dtype)
     return x
+
+
+def gaussian_arrowhead(
+    p: Arrowhead, shift: ArrayLike
+) -> tuple[ArrowheadCholesky, Array, Arrowhead]:
+    r"""Everything about ``N(P^{-1} h, P^{-1})``: the factor, the mean and the selected inverse.
+
+    The same as ``cholesky_arrowhead(p)``, ``solve_arrowhead(factor, h)`` and
+    ``selected_inverse_arrowhead(factor)``, but for bandwidth 1 (AR(1) and random-walk
+    precisions) in two scans over ``T`` instead of six: the factorisation runs with the
+    forward substitutions of the border and of ``h``, and the back substitutions run
+    with the Takahashi recursion. Inside an iteration the scans' per-row overhead, not
+    their arithmetic, is the cost, so this is ~2x faster there.
+
+    Args:
+      p: an ``Arrowhead`` precision.
+      shift: ``h``, shape ``(T + k,)``.
+
+    Returns:
+      ``(factor, mean, cov)``: an ``ArrowheadCholesky``, the mean ``(T + k,)`` and the
+      selected inverse as an ``Arrowhead``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> p = Arrowhead(jnp.array([[4.0, 4.0], [1.0, 0.0]]),
+      ...               jnp.array([[2.0], [2.0]]), jnp.array([[3.0]]))
+      >>> factor, mean, cov = gaussian_arrowhead(p, jnp.array([7.0, 7.0, 7.0]))
+      >>> mean.round(6).tolist()
+      [1.0, 1.0, 1.0]
+    """
+    band, border, corner = _as_arrowhead(p, Arrowhead)
+    t, k = _check(band, border, corner)
+    h = jnp.asarray(shift, band.dtype)
+    if band.shape[0] != 2:
+        factor = cholesky_arrowhead(p)
+        return factor, solve_arrowhead(factor, h), selected_inverse_arrowhead(factor)
+    sub = _zero_padding(band)[1]
+
+    def forward(carry, inputs):
+        l_prev, z_prev = carry
+        a, b, rhs = inputs
+        c = jnp.sqrt(a - l_prev * l_prev)
+        z = (rhs - l_prev * z_prev) / c
+        l_i = b / c
+        return (l_i, z), (c, l_i, z)
+
+    zero = jnp.zeros((), band.dtype)
+    rhs = jnp.concatenate([border, h[:t, None]], axis=1)
+    init = (zero, jnp.zeros((k + 1,), band.dtype))
+    _, (c, l, z) = jax.lax.scan(forward, init, (band[0], sub, rhs))
+    w, y1 = z[:, :k], z[:, k]
+    chol_s = jnp.linalg.cholesky(corner - w.T @ w)
+    inv = _tri_inv(chol_s)
+    y2 = inv @ (h[t:] - w.T @ y1)
+    x2 = inv.T @ y2
+
+    def backward(carry, inputs):
+        x_next, s_next = carry
+        c_i, l_i, rhs_i = inputs
+        x = (rhs_i - l_i * x_next) / c_i
+        r = l_i / c_i
+        cov = -r * s_next
+        var = 1.0 / (c_i * c_i) - r * cov
+        return (x, var), (x, var, cov)
+
+    rhs = jnp.concatenate([(y1 - w @ x2)[:, None], w], axis=1)
+    init = (jnp.zeros((k + 1,), band.dtype), zero)
+    _, (x, var, cov) = jax.lax.scan(backward, init, (c, l, rhs), reverse=True)
+    x1, u = x[:, 0], x[:, 1:]
+    v = u @ inv.T
+    low_rank = jnp.stack([jnp.sum(v * v, axis=1), jnp.sum(_unshift(v, 1) * v, axis=1)])
+    band_inv = _zero_padding(jnp.stack([var, cov]) + low_rank)
+    factor = ArrowheadCholesky(_zero_padding(jnp.stack([c, l])), w, chol_s)
+    sigma = Arrowhead(band_inv, -(v @ inv), inv.T @ inv)
+    return factor, jnp.concatenate([x1, x2]), sigma
+
