@@ -23,6 +23,8 @@ from jaxvb.families import (
     Gaussian,
     InverseGamma,
 )
+from jaxvb.families.mixture import GaussianMixture
+from jaxvb.methods.mixture import init_mixture
 from jaxvb.structure import Factors, Minibatch
 
 __version__ = "0.1.0"
@@ -36,6 +38,7 @@ __all__ = [
     "FitWarning",
     "Gamma",
     "Gaussian",
+    "GaussianMixture",
     "InverseGamma",
     "LaplaceInfo",
     "Minibatch",
@@ -46,6 +49,7 @@ __all__ = [
     "explain",
     "families",
     "fit",
+    "init_mixture",
     "laplace",
     "methods",
 ]

@@ -30,7 +30,8 @@ from jaxvb import diagnostics
 from jaxvb._laplace import laplace
 from jaxvb.families._base import ExponentialFamily, is_concrete
 from jaxvb.families.gaussian import Gaussian
-from jaxvb.methods import Method, gradient, hessian, regression, sites
+from jaxvb.families.mixture import GaussianMixture
+from jaxvb.methods import Method, gradient, hessian, mixture, regression, sites
 from jaxvb.structure import Minibatch
 
 
@@ -220,12 +221,16 @@ _METHODS: dict[str, Callable[[], Method]] = {
     "hessian": hessian,
     "gradient": gradient,
     "sites": sites,
+    "mixture": mixture,
 }
 
 
 def _resolve_method(method, q0, log_joint) -> Method:
     if method is None:
-        m = hessian() if isinstance(q0, Gaussian) else regression()
+        if isinstance(q0, GaussianMixture):
+            m = mixture()
+        else:
+            m = hessian() if isinstance(q0, Gaussian) else regression()
     elif isinstance(method, Method):
         m = method
     elif isinstance(method, str):
@@ -299,7 +304,8 @@ def fit(
       key: a JAX random key, the only source of randomness.
       num_steps: ``N``, the number of iterations.
       method: ``"hessian"`` (Algorithm 2; the default for a Gaussian), ``"regression"``
-        (Algorithm 1; the default for the other families), ``"gradient"`` (sections 5.2
+        (Algorithm 1; the default for the other families), ``"mixture"`` (section
+        6.2; the default for a :class:`jaxvb.GaussianMixture`), ``"gradient"`` (sections 5.2
         and 5.4), ``"sites"`` (factor structure, section 5.1, for a
         :class:`jaxvb.Factors`), or a
         :class:`~jaxvb.methods.Method` such as ``jaxvb.methods.regression(estimator=...)``.

@@ -3,6 +3,7 @@
 from jaxvb.methods._base import Method
 from jaxvb.methods.gradient import MEAN_CHOLESKY, GradientStats, Parameterization, gradient
 from jaxvb.methods.hessian import HessianStats, hessian
+from jaxvb.methods.mixture import MixtureStats, init_mixture, mixture
 from jaxvb.methods.regression import RegressionStats, expected_outer_stats, regression
 from jaxvb.methods.sites import SiteStats, sites
 
@@ -16,6 +17,9 @@ __all__ = [
     "RegressionStats",
     "expected_outer_stats",
     "hessian",
+    "init_mixture",
+    "mixture",
+    "MixtureStats",
     "regression",
     "SiteStats",
     "sites",
