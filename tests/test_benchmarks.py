@@ -2,8 +2,11 @@
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -24,6 +27,69 @@ def test_exponential_toy_quick(tmp_path):
     assert result["checks"]["est2_exact_for_S_ge_2"]["max_abs_error"] < 1e-8
     for png in ("exponential_toy_iterations.png", "exponential_toy_estimators.png"):
         assert (tmp_path / png).stat().st_size > 10_000
+
+
+def test_stochastic_volatility_quick(tmp_path):
+    """The SV benchmark's quick mode (its own process: it spawns the scaling runs and
+    shares a compilation cache with them), and the format of ``--refs``'s reference."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("numpyro")
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "stochastic_volatility.py"), "--quick"]
+        + ["--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "stochastic_volatility.json").read_text())
+    timing = result["speed"]["svapprox"]["diagnostics"]
+    assert 0 < timing["run"]["median_s"] < timing["first_call_s"]
+    assert timing["speedup_vs_nuts"] == pytest.approx(
+        result["nuts"]["wall_s"] / timing["run"]["median_s"]
+    )
+    acc = result["accuracy"]["svapprox"]
+    assert len(acc["fits"]) == 2
+    for fit in acc["fits"]:
+        assert fit["status"] == 0 and fit["r_squared"] > 0.99
+        # The same fit as the full run: the paper's accuracy, with room for the quick
+        # run's 10000 draws (Monte Carlo error ~0.01 NUTS sd).
+        for k in ("phi", "s2", "beta"):
+            assert abs(fit["vs_nuts"][k]["mean_error_in_nuts_sd"]) < 0.25, k
+            assert 0.8 < fit["vs_nuts"][k]["sd_ratio"] < 1.2, k
+        assert fit["volatility_vs_nuts"]["mean"]["max_abs_error_in_nuts_sd"] < 0.3
+    assert set(result["targets"]) == {
+        "fit_after_compile_ms",
+        "speedup_vs_nuts",
+        "means_within_nuts_sd",
+        "sds_within_15_percent",
+    }
+    assert all(isinstance(t["met"], bool) for t in result["targets"].values())
+    rows = result["scaling"]["rows"]
+    assert [r["T"] for r in rows] == [945, 1890] and all("error" not in r for r in rows)
+    for r in rows:
+        d = r["variants"]["diagnostics"]
+        assert d["run"]["median_s"] > 0 and 0 < d["peak_rss_mb"] < 64_000
+        assert d["memory_analysis"]["temp_size_in_bytes"] > 0
+    assert 0 < result["scaling"]["log_log_slope"]["diagnostics"]["all"] < 2
+    for name in ("posteriors", "volatility", "scaling"):
+        assert (tmp_path / f"stochastic_volatility_{name}.png").stat().st_size > 10_000
+
+    # --refs writes the stored reference's format (same keys at every level).
+    stored = json.loads((BENCHMARKS.parent / "tests" / "data" / "sv_nuts.json").read_text())
+    rng = np.random.default_rng(0)
+    draws = {k: rng.uniform(0.1, 0.9, (2, 50)) for k in ("phi", "s2", "beta")}
+    draws["v"] = rng.normal(size=(2, 50, 7))
+    settings = dict(stored["settings"], num_samples=50, num_chains=2)
+    record = load("stochastic_volatility").reference_record(draws, 1.0, settings, "abc")
+
+    def keys(d):
+        return {k: keys(v) if isinstance(v, dict) else None for k, v in d.items()}
+
+    assert keys(record) == keys(stored)
+    assert len(record["params"]["phi"]["draws_thinned"]) == 100
+    assert len(record["v"]["mean"]) == 7
+    assert record["params"]["phi"]["mean"] == pytest.approx(draws["phi"].mean())
 
 
 def test_probit_quick(tmp_path):
@@ -56,3 +122,21 @@ def test_probit_quick(tmp_path):
     }
     assert result["environment"]["cpu_count"] >= 1 and result["environment"]["jax_version"]
     assert (tmp_path / "probit.png").stat().st_size > 10_000
+
+
+def test_beta_binomial_quick(tmp_path):
+    pytest.importorskip("matplotlib")
+    load("beta_binomial").main(["--quick", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "beta_binomial.json").read_text())
+    assert result["quadrature"]["log_z"] == pytest.approx(-570.70861, abs=1e-4)
+    rows = {r["K"]: r for r in result["table"]}
+    assert set(rows) == {1, 8}
+    # One Gaussian: the paper's R^2 of 0.82; more components, a smaller exact KL.
+    assert 0.8 < rows[1]["exact_r_squared"]["mean"] < 0.87
+    assert rows[8]["exact_kl"]["max"] < 0.1 * rows[1]["exact_kl"]["min"]
+    assert all(r["status"] == 0 for row in rows.values() for r in row["repeats"])
+    targets = {"kl_k8", "r_squared_k8", "log_evidence_k8", "fit_time"}
+    assert set(result["targets"]) == targets
+    assert all(isinstance(t["met"], bool) for t in result["targets"].values())
+    for png in ("beta_binomial_kl.png", "beta_binomial_contours.png"):
+        assert (tmp_path / png).stat().st_size > 10_000
