@@ -40,8 +40,12 @@ def test_paper_fit_agrees_with_nuts(gbpusd_fit):
     """The issue's accuracy targets: means within 0.1 NUTS sd, sds within 15%.
 
     Plus 4 Monte Carlo standard errors of the reference (sd / sqrt(ESS) for the mean,
-    ~1 / sqrt(2 ESS) relative for the sd; ESS >= 2142) and of the 5000 draws of q. The
-    fit's own variation over keys is ~0.03 sd (benchmarks/stochastic_volatility.py).
+    ~1 / sqrt(2 ESS) relative for the sd; ESS >= 2142) and of the 5000 draws of q.
+
+    One fixed key: a regression check of the paper's fit, not a proof of the targets.
+    Over keys the 250-step fit varies (benchmarks/stochastic_volatility.py: phi mean
+    error +0.06..+0.11 sd for 9 of 10 keys, +0.48 for one; the 1000-step fit settles at
+    +0.085), so the benchmark, not this test, says whether the targets are met.
     """
     res = gbpusd_fit
     assert int(res.status) == 0, jaxvb.explain(res.result)
