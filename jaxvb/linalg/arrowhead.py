@@ -483,4 +483,3 @@ def gaussian_arrowhead(
     factor = ArrowheadCholesky(_zero_padding(jnp.stack([c, l])), w, chol_s)
     sigma = Arrowhead(band_inv, -(v @ inv), inv.T @ inv)
     return factor, jnp.concatenate([x1, x2]), sigma
-
