@@ -21,9 +21,9 @@ from jaxvb.families import (
     ExponentialFamily,
     Gamma,
     Gaussian,
+    GaussianMixture,
     InverseGamma,
 )
-from jaxvb.families.mixture import GaussianMixture
 from jaxvb.methods.mixture import init_mixture
 from jaxvb.structure import Factors, Minibatch
 

@@ -6,6 +6,7 @@ from jaxvb.families.exponential import Exponential
 from jaxvb.families.gamma import Gamma
 from jaxvb.families.gaussian import Gaussian
 from jaxvb.families.inverse_gamma import InverseGamma
+from jaxvb.families.mixture import GaussianMixture
 
 __all__ = [
     "Beta",
@@ -13,6 +14,7 @@ __all__ = [
     "ExponentialFamily",
     "Gamma",
     "Gaussian",
+    "GaussianMixture",
     "InverseGamma",
     "ScalarFamily",
     "register_family",
