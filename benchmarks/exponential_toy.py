@@ -35,7 +35,6 @@ import argparse
 import json
 import math
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +54,9 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import jaxvb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import git_state as _git_state  # noqa: E402
 
 ESTIMATORS = ("joint", "independent", "analytic")
 LABELS_A = {
@@ -350,24 +352,6 @@ def plot_estimators(results, path, repeats):
 
 
 # --------------------------------------------------------------------------- main
-
-
-def _git_state():
-    """The commit and whether ``jaxvb/`` has uncommitted changes (None outside git)."""
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*cmd):
-        return subprocess.run(
-            ["git", *cmd], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    try:
-        return dict(
-            commit=git("rev-parse", "HEAD"),
-            jaxvb_dirty=bool(git("status", "--porcelain", "jaxvb")),
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def _strip_private(results):

@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +41,9 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from jaxvb import linalg as la
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import git_state as _git_state  # noqa: E402
 
 SIZES = (10**3, 10**4, 10**5, 10**6)
 QUICK_SIZES = (10**3, 10**4)
@@ -82,23 +84,6 @@ def time_it(fn, arg, repeats):
 
 def slope(sizes, seconds):
     return float(np.polyfit(np.log(sizes), np.log(seconds), 1)[0])
-
-
-def _git_state():
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*cmd):
-        return subprocess.run(
-            ["git", *cmd], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    try:
-        return dict(
-            commit=git("rev-parse", "HEAD"),
-            jaxvb_dirty=bool(git("status", "--porcelain", "jaxvb")),
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def main(argv=None):

@@ -46,7 +46,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,6 +68,9 @@ except ImportError:  # running from a checkout without `pip install -e .`
 
 from jaxvb.baselines import numpyro_probit, vbem_probit  # noqa: E402
 from jaxvb.models import probit  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import git_state as _git_state  # noqa: E402
 
 METHODS = ("basic", "factor", "factor_gradient", "hessian", "hessian_minibatch", "vbem")
 LABELS = {
@@ -716,23 +718,6 @@ def plot(curves, table, path, num_datasets, ref_n):
 
 
 # --------------------------------------------------------------------------- main
-
-
-def _git_state():
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*cmd):
-        return subprocess.run(
-            ["git", *cmd], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    try:
-        return dict(
-            commit=git("rev-parse", "HEAD"),
-            jaxvb_dirty=bool(git("status", "--porcelain", "jaxvb")),
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def _environment():

@@ -63,7 +63,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -81,6 +80,9 @@ except ImportError:  # running from a checkout without `pip install -e .`
     import jaxvb
 
 from jaxvb.models import eight_schools, flat_regression, garch, latent_gp  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import git_state as _git_state  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 REFS = ROOT / "tests" / "data" / "robustness_nuts.json"
@@ -429,21 +431,6 @@ def _rated_run(log_joint, d, start, num_steps, max_backtracks, seed, ref, tol):
 
 
 _OUTCOMES = ("accurate", "flagged", "silent_wrong", "silent_nan", "unrated")
-
-
-def _git_state():
-    def git(*cmd):
-        return subprocess.run(
-            ["git", *cmd], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    try:
-        return dict(
-            commit=git("rev-parse", "HEAD"),
-            jaxvb_dirty=bool(git("status", "--porcelain", "jaxvb")),
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def main(argv=None):
