@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -70,7 +69,7 @@ from jaxvb.baselines import numpyro_probit, vbem_probit  # noqa: E402
 from jaxvb.models import probit  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import git_state as _git_state  # noqa: E402
+from _common import environment  # noqa: E402
 
 METHODS = ("basic", "factor", "factor_gradient", "hessian", "hessian_minibatch", "vbem")
 LABELS = {
@@ -724,26 +723,7 @@ def _environment():
     import numpyro
     import optax
 
-    return dict(
-        cpu_count=os.cpu_count(),
-        cpu_affinity=len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else None,
-        jax_version=jax.__version__,
-        jaxlib_version=getattr(jax.lib, "__version__", None),
-        numpyro_version=numpyro.__version__,
-        optax_version=optax.__version__,
-        jaxvb_version=jaxvb.__version__,
-        numpy_version=np.__version__,
-        python=platform.python_version(),
-        platform=platform.platform(),
-        processor=platform.processor(),
-        backend=jax.default_backend(),
-        devices=[str(d) for d in jax.devices()],
-        x64=bool(jax.config.jax_enable_x64),
-        xla_flags=os.environ.get("XLA_FLAGS", ""),
-        git=_git_state(),
-    )
+    return environment(numpyro_version=numpyro.__version__, optax_version=optax.__version__)
 
 
 def _targets(speed):
