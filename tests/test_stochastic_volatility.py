@@ -6,10 +6,12 @@ NumPyro NUTS reference (``tests/data/sv_nuts.json``, 4 x 2000 draws). Fits of ot
 series, a fresh NUTS run and the T = 10^5 run are behind ``JAXVB_SLOW=1``.
 """
 
+import dataclasses
 import importlib
 import json
 import math
 import os
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -277,3 +279,34 @@ def test_direct_gradient_equals_autodiff_through_the_factorisation():
         theta = _theta(phi, s2)
         got, _ = h._direct_gradient(model, q, theta)
         np.testing.assert_allclose(got, jax.grad(log_marginal)(theta), rtol=1e-10)
+
+
+def test_draw_jacobians_equal_jacfwd_through_the_sampler():
+    """One linearised pass gives the same ``d theta / d eta_i`` as ``jacfwd`` of the draws.
+
+    Direct (svapprox: only the block's own draw moves) and total (sv2: the Inv-Gamma
+    draw of ``s2`` also moves with ``eta_u`` through ``phi``).
+    """
+    q = sv.initial_q(jnp.asarray(sv.simulate(jax.random.key(4), 20, 0.9, 0.1, 0.8)))
+    q_s2 = dataclasses.replace(
+        q.scalars[1], eta=jnp.array([6.0, 0.2, 0.1])
+    )  # phi-dependent
+    q = dataclasses.replace(q, scalars=(q.scalars[0], q_s2))
+    etas = tuple(b.eta for b in q.scalars)
+    for seed in range(3):
+        noise = jax.random.split(jax.random.key(seed), q.num_scalars)
+        theta, direct = q.draw_scalars_and_jacobians(noise)
+        theta_t, total = q.draw_scalars_and_jacobians(noise, total=True)
+        np.testing.assert_array_equal(theta, q.draw_scalars(noise))
+        np.testing.assert_array_equal(theta_t, theta)
+        for i in range(q.num_scalars):
+
+            def draws(eta_i, i=i, hold=None, noise=noise):
+                e = etas[:i] + (eta_i,) + etas[i + 1 :]
+                return q.draw_scalars(noise, e, hold=hold)
+
+            np.testing.assert_allclose(total[i], jax.jacfwd(draws)(etas[i]), rtol=1e-12)
+            own = jax.jacfwd(partial(draws, hold=i))(etas[i])
+            own = own.at[:i].set(0.0)  # earlier draws do not depend on eta_i anyway
+            np.testing.assert_allclose(direct[i], own, rtol=1e-12, atol=0)
+        assert jnp.any(total[0][1] != 0) and jnp.all(direct[0][1] == 0)

@@ -223,6 +223,26 @@ class GaussianSitesBlock(ExponentialFamily):
         return ok_h & finite & jnp.all(eig > -1e-8 * scale)
 
 
+def _linearised_draw(block: ConditionalBlock, noise, parents: Array, dtype, wrt_parents):
+    """``x = s(A(parents) eta, z)``, ``dx/deta`` ``(k,)`` and ``dx/dparents`` ``(i,)``.
+
+    Without ``wrt_parents`` the second derivative is not computed (zeros).
+    """
+    k = block.eta.shape[0]
+
+    def draw(inputs):
+        eta, prev = inputs[:k], inputs[k:]
+        return block.given(prev, eta).from_noise(noise).astype(dtype)
+
+    point = jnp.concatenate([block.eta, parents])
+    tangents = jnp.eye(point.shape[0] if wrt_parents else k, point.shape[0], dtype=dtype)
+    # vmap over tangents only: the primal (the sampler) runs once.
+    x, dx = jax.vmap(lambda t: jax.jvp(draw, (point,), (t,)))(tangents)
+    if not wrt_parents:
+        return x[0], dx, jnp.zeros(parents.shape, dtype)
+    return x[0], dx[:k], dx[k:]
+
+
 @register_family
 class Hierarchical(ExponentialFamily):
     """``q(x) = q_1(x_1) q_2(x_2 | x_1) ... q_n(x_n | x_<n) q(f | x_1..x_n)``.
@@ -273,6 +293,32 @@ class Hierarchical(ExponentialFamily):
                 x = jax.lax.stop_gradient(x)
             theta = jnp.concatenate([theta, x[None]])
         return theta
+
+    def draw_scalars_and_jacobians(self, noise, total: bool = False):
+        """The scalar draws ``theta`` and, per block ``i``, ``d theta / d eta_i`` ``(n, k_i)``.
+
+        One pass: block ``i``'s reparameterised draw ``x_i = s(A(theta_<i) eta_i, z_i)``
+        is linearised once in ``(eta_i, theta_<i)`` (``jax.jvp`` batched over the
+        tangents, so the sampler's primal -- a rejection loop for Gamma and Beta -- runs
+        once per block and step). With ``total`` the derivative follows the later draws
+        through their parents (eq. sv2); without it only row ``i`` is kept (svapprox).
+        """
+        theta = jnp.zeros((0,), self.dtype)
+        direct, parents = [], []
+        for i, b in enumerate(self.scalars):
+            x, d_eta, d_prev = _linearised_draw(b, noise[i], theta, self.dtype, total)
+            theta = jnp.concatenate([theta, x[None]])
+            direct.append(d_eta)
+            parents.append(d_prev)
+        n = self.num_scalars
+        jacobians = []
+        for i, b in enumerate(self.scalars):
+            jac = jnp.zeros((n, b.eta.shape[0]), self.dtype).at[i].set(direct[i])
+            if total:
+                for j in range(i + 1, n):  # later draws move with their parents
+                    jac = jac.at[j].set(parents[j] @ jac[:j])
+            jacobians.append(jac)
+        return theta, tuple(jacobians)
 
     def log_q_scalars(self, theta: Array) -> Array:
         """``log q_i(theta_i | theta_<i)`` for each block, shape ``(n,)``."""
@@ -347,10 +393,6 @@ def _arrowhead_inner(a: Arrowhead, b: Arrowhead) -> Array:
         + 2.0 * jnp.sum(a.border * b.border)
         + jnp.sum(a.corner * b.corner)
     )
-
-
-def _split_etas(q: Hierarchical):
-    return tuple(b.eta for b in q.scalars)
 
 
 def _conditional(q: Hierarchical, theta: Array):
@@ -452,8 +494,7 @@ def hierarchical(model: LatentGaussianModel, *, indirect_effects: bool = False) 
         return jax.random.split(key, q.num_scalars)
 
     def estimate_fn(noise, q, log_joint):
-        etas = _split_etas(q)
-        theta = q.draw_scalars(noise)
+        theta, jacobians = q.draw_scalars_and_jacobians(noise, total=indirect_effects)
         if indirect_effects:
             dh, (mean, cov) = jax.grad(expensive, argnums=1, has_aux=True)(q, theta)
         else:
@@ -461,22 +502,14 @@ def hierarchical(model: LatentGaussianModel, *, indirect_effects: bool = False) 
         lq_grad = jax.jacrev(q.log_q_scalars)(theta)  # (n blocks, n thetas)
         total = jnp.sum(lq_grad, axis=0)
         scalars = []
-        for i in range(q.num_scalars):
+        for i, b in enumerate(q.scalars):
             # dG_i/dtheta = dH/dtheta - sum_{j != i} d log q_j / dtheta
             dg = dh - total + lq_grad[i]
-
-            def draws(eta_i, i=i):
-                e = etas[:i] + (eta_i,) + etas[i + 1 :]
-                th = q.draw_scalars(noise, e, hold=None if indirect_effects else i)
-                t_i = q.scalars[i].stats(th[i], th[:i])
-                return jnp.concatenate([t_i, th])
-
-            jac = jax.jacfwd(draws)(etas[i])  # (k_i + n, k_i)
-            k = etas[i].shape[0]
-            dtheta = jac[k:]  # (n, k_i)
-            if not indirect_effects:
-                dtheta = dtheta.at[:i].set(0.0).at[i + 1 :].set(0.0)
-            scalars.append(GradientStats(C=jac[:k].T, g=dtheta.T @ dg))
+            parents = theta[:i]
+            d_stats = jax.jacfwd(b.stats)(theta[i], parents)  # dT_i / dx_i, (k_i,)
+            dtheta = jacobians[i]  # (n, k_i)
+            # C_i[a, b] = d T_ib / d eta_ia; theta_<i does not move with eta_i.
+            scalars.append(GradientStats(C=jnp.outer(dtheta[i], d_stats), g=dtheta.T @ dg))
         grad, neg_hess = model.expected_derivatives(mean, cov)
         x = jnp.concatenate([theta, mean])
         log_p = log_joint(x)
