@@ -13,8 +13,11 @@ Example:
 """
 
 from jaxvb import diagnostics, families, methods
+from jaxvb._arviz import to_arviz
 from jaxvb._fit import FitError, FitWarning, Result, Status, Trace, explain, fit
 from jaxvb._laplace import LaplaceInfo, laplace
+from jaxvb._progress import Progress, ProgressInfo
+from jaxvb.batch import fit_batched
 from jaxvb.families import (
     Beta,
     Exponential,
@@ -42,6 +45,8 @@ __all__ = [
     "InverseGamma",
     "LaplaceInfo",
     "Minibatch",
+    "Progress",
+    "ProgressInfo",
     "Result",
     "Status",
     "Trace",
@@ -49,7 +54,9 @@ __all__ = [
     "explain",
     "families",
     "fit",
+    "fit_batched",
     "init_mixture",
     "laplace",
     "methods",
+    "to_arviz",
 ]

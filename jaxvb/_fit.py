@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxvb import diagnostics
+from jaxvb import _progress, diagnostics
 from jaxvb._laplace import laplace
 from jaxvb.families._base import ExponentialFamily, is_concrete
 from jaxvb.families.gaussian import Gaussian
@@ -283,6 +283,7 @@ def fit(
     max_backtracks: int = 8,
     num_eval_draws: int = 1000,
     trace: bool = False,
+    progress: int | Callable | _progress.Progress | None = None,
     on_failure: str = "raise",
 ) -> Result:
     r"""Fits ``q`` to the posterior ``p(x) ∝ exp(log_joint(x))`` by stochastic linear regression.
@@ -319,6 +320,12 @@ def fit(
         paper's plain iteration.
       num_eval_draws: draws of the fitted ``q`` for the diagnostics.
       trace: also return per-step :class:`Trace` information.
+      progress: report the progress of a long fit from inside the compiled loop (off by
+        default): an int ``k`` prints the step and the current ELBO and R^2 estimates
+        to standard error every ``k`` steps and after the last; a callable is given a
+        :class:`jaxvb.ProgressInfo` about ten times; a :class:`jaxvb.Progress` says
+        how often, to what and from how many draws. The result is the same bit for
+        bit with or without it.
       on_failure: what a flagged result does when ``fit`` runs outside ``jit``/``vmap``:
         ``"raise"`` (a :class:`FitError` carrying the result; warnings for milder
         flags), ``"warn"`` or ``"ignore"``. Under ``jit``/``vmap`` only the status flags.
@@ -380,6 +387,7 @@ def fit(
     if is_concrete(step_size) and not 0.0 < float(step_size) <= 1.0:
         raise ValueError(f"step_size must lie in (0, 1], got {step_size}")
     _check_log_joint(log_joint, q0)
+    progress = _progress.resolve(progress, int(num_steps))
 
     result = _fit(
         log_joint,
@@ -393,10 +401,13 @@ def fit(
         max_backtracks=int(max_backtracks),
         num_eval_draws=int(num_eval_draws),
         trace=bool(trace),
+        progress=progress,
     )
     if laplace_failed is not None:
-        flag = jnp.where(laplace_failed, int(Status.LAPLACE_FAILED), 0)
-        result = result._replace(status=(result.status | flag).astype(jnp.int32))
+        # int32 on both sides: an eager int32 | int64 on arrays segfaults in jaxlib
+        # 0.10.2 (x64 on), e.g. for a vmapped fit from batched start points.
+        flag = jnp.where(laplace_failed, int(Status.LAPLACE_FAILED), 0).astype(jnp.int32)
+        result = result._replace(status=result.status | flag)
     if on_failure != "ignore" and is_concrete(result.status) and result.status.ndim == 0:
         status = Status(int(result.status))
         late_improper = int(result.last_improper_step) > num_steps // 2
@@ -466,6 +477,7 @@ def _where_tree(pred, a, b):
         "max_backtracks",
         "num_eval_draws",
         "trace",
+        "progress",
     ),
 )
 def _fit(
@@ -481,6 +493,7 @@ def _fit(
     max_backtracks,
     num_eval_draws,
     trace,
+    progress,
 ):
     dtype = q0.dtype
 
@@ -488,9 +501,11 @@ def _fit(
         return jnp.asarray(log_joint(x)).astype(dtype)
 
     key_batch = None
-    if isinstance(log_joint, Minibatch):
+    # A Minibatch, or any log joint with its batch(key, step) (e.g. jaxvb.numpyro's).
+    if isinstance(log_joint, Minibatch) or callable(getattr(log_joint, "batch", None)):
         key, key_batch = jax.random.split(key)
     key_init, key_fit, key_eval = jax.random.split(key, 3)
+    key_progress = jax.random.fold_in(key_eval, 2)  # never used by the iteration
     stats0 = method.init(key_init, q0, log_p_fn)
     state0 = _State(
         stats=stats0,
@@ -593,6 +608,8 @@ def _fit(
         if trace:
             mean_log_p = jnp.sum(jnp.where(ok, log_p, 0.0)) / jnp.maximum(n_ok, 1.0)
             info = Trace(q_next.natural_params, mean_log_p, proper)
+        if progress is not None:
+            _progress.report(progress, key_progress, t, num_steps, q_next, log_p_fn, status)
         return new_state, info
 
     keys = jax.random.split(key_fit, num_steps)

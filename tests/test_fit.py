@@ -234,6 +234,26 @@ def test_vmap_over_data_and_keys_equals_loop():
         assert family_rel_err(single.q, exact) <= 1e-8
 
 
+def test_vmap_over_start_points():
+    """Batched plain start points (Laplace first): the status flags combine per fit.
+
+    Regression test: the Laplace flag was an int64 OR'd eagerly into the int32 status,
+    which segfaults jaxlib 0.10.2 for batched arrays.
+    """
+    keys = jax.random.split(KEY, 3)
+    x0 = jnp.array([[0.5], [1.0], [2.0]])
+
+    def one(x, k):  # Gamma(4, 2) posterior; the Gaussian starts at the Laplace fit
+        return jaxvb.fit(lambda z: 3.0 * jnp.log(z[0]) - 2.0 * z[0], x, k, num_steps=40)
+
+    res = jax.vmap(one)(x0, keys)
+    assert res.status.dtype == jnp.int32 and res.status.shape == (3,)
+    for i in range(3):
+        single = jax.jit(one)(x0[i], keys[i])
+        np.testing.assert_allclose(res.q.mean[i], single.q.mean, rtol=1e-10)
+        assert int(res.status[i]) == int(single.status)
+
+
 def test_same_key_same_result_bit_for_bit_and_jit_equals_eager():
     q0 = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
     a = jaxvb.fit(quartic, q0, KEY, num_steps=300)

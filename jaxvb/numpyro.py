@@ -1,0 +1,608 @@
+"""NumPyro models in: fit the posterior of a NumPyro model with jaxvb.
+
+A NumPyro model is turned into a log joint over one flat vector ``x``: the model's
+latent sample sites, each mapped to the real line by NumPyro's own bijections
+(``biject_to(site.support)``), raveled with ``jax.flatten_util.ravel_pytree`` in the
+order of their names. The log density is NumPyro's ``potential_energy`` (with the
+log-Jacobians of those bijections), so ``x`` is what NumPyro's HMC samples and
+:func:`fit` fits a Gaussian to it, by Algorithm 2 unless told otherwise. Draws of that
+Gaussian are mapped back through the same bijections: :meth:`NumPyroResult.sample`
+gives the constrained values of every latent and deterministic site, keyed by the
+model's site names.
+
+A model whose plates have a ``subsample_size`` is fitted on minibatches (section 5.5):
+every step evaluates the model once with fresh subsample indices from NumPyro's own
+``plate``, which scales the likelihood by ``size / subsample_size``; calling the log
+joint gives the full-data density (every plate given all its indices), which the
+starting point and the diagnostics use.
+
+NumPyro is an optional dependency: ``import jaxvb`` does not import it, and importing
+this module without it installed raises an ``ImportError`` saying how to install it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+try:
+    import numpyro  # noqa: F401  (the error below names the package)
+    import numpyro.distributions as dist
+    from numpyro import handlers
+    from numpyro.infer import init_to_median
+    from numpyro.infer.util import constrain_fn, potential_energy, unconstrain_fn
+except ImportError as e:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(
+        "jaxvb.numpyro needs NumPyro, which is not installed: pip install numpyro "
+        "(or pip install 'jaxvb[numpyro]')"
+    ) from e
+
+from jaxvb._arviz import from_draws
+from jaxvb._fit import FitError, Result
+from jaxvb._fit import fit as _fit
+from jaxvb.families._base import ExponentialFamily, is_concrete
+from jaxvb.methods import Method
+
+__all__ = ["LogJoint", "MinibatchLogJoint", "NumPyroResult", "fit", "log_joint"]
+
+#: What to do about a discrete latent site; part of the error that names one.
+_DISCRETE_REMEDY = (
+    "jaxvb fits a Gaussian to the continuous latent variables (on NumPyro's "
+    "unconstrained scale), so it cannot fit a discrete one, and NumPyro's enumeration "
+    "(infer={'enumerate': 'parallel'}) is not supported. Sum the discrete variable out "
+    "of the model by hand (e.g. a mixture likelihood with "
+    "numpyro.distributions.MixtureSameFamily, or numpyro.factor with "
+    "jax.scipy.special.logsumexp over its values), or observe it (obs=...). To sample "
+    "discrete latent variables, use NumPyro's MCMC instead (NUTS, which enumerates "
+    "them, or DiscreteHMCGibbs)."
+)
+
+
+@contextlib.contextmanager
+def _full_plates_quiet():
+    # A subsampled plate given all its indices warns that they do not match its
+    # subsample_size: that is the point of the full-data log joint.
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="subsample_size does not match", category=UserWarning
+        )
+        yield
+
+
+def _trace(model, args, kwargs):
+    # The values drawn here are discarded: only the sites' names, shapes, supports and
+    # plates are read, so this fixed seed reaches no result.
+    with _full_plates_quiet():
+        return handlers.trace(handlers.seed(model, rng_seed=0)).get_trace(*args, **kwargs)
+
+
+def _is_latent(site) -> bool:
+    return site["type"] == "sample" and not site["is_observed"]
+
+
+def _plate_dims(site) -> list[str] | None:
+    """ArviZ dimension names of a sample site's value: its plates where they index it."""
+    shape = np.shape(site["value"])
+    event_ndim = len(site["fn"].event_shape)
+    dims: list[str | None] = [None] * len(shape)
+    for frame in site["cond_indep_stack"]:
+        axis = len(shape) - event_ndim + frame.dim
+        if 0 <= axis < len(shape) and shape[axis] == frame.size:
+            dims[axis] = frame.name
+    if all(d is None for d in dims):
+        return None
+    return [d or f"{site['name']}_dim_{i}" for i, d in enumerate(dims)]
+
+
+def _check_sites(trace, subsampled: Mapping[str, tuple[int, int]]) -> None:
+    params = [name for name, site in trace.items() if site["type"] == "param"]
+    if params:
+        raise ValueError(
+            f"jaxvb.numpyro: the model has numpyro.param site(s) {params}. jaxvb fits the "
+            "posterior of sample sites, and a param has no prior: give it one "
+            "(numpyro.sample), or fix its value with numpyro.handlers.substitute(model, "
+            "data={...})."
+        )
+    latent = {name: site for name, site in trace.items() if _is_latent(site)}
+    discrete = [
+        f"'{name}' ({type(site['fn']).__name__})"
+        for name, site in latent.items()
+        if site["fn"].support.is_discrete
+    ]
+    if discrete:
+        raise ValueError(
+            f"jaxvb.numpyro: the model has discrete latent site(s) {', '.join(discrete)}. "
+            + _DISCRETE_REMEDY
+        )
+    delta = [name for name, site in latent.items() if isinstance(site["fn"], dist.Delta)]
+    if delta:
+        raise ValueError(
+            f"jaxvb.numpyro: latent site(s) {delta} have a Delta distribution, which has "
+            "no density to fit; record such a value with numpyro.deterministic instead."
+        )
+    local = [
+        f"'{name}' (plate '{frame.name}')"
+        for name, site in latent.items()
+        for frame in site["cond_indep_stack"]
+        if frame.name in subsampled
+    ]
+    if local:
+        raise ValueError(
+            f"jaxvb.numpyro: latent site(s) {', '.join(local)} lie inside a plate with "
+            "subsample_size. jaxvb fits minibatches of the likelihood of global latent "
+            "variables only; fit this model without subsample_size, or move the local "
+            "latent variables out of the subsampled plate."
+        )
+    if not latent:
+        raise ValueError(
+            "jaxvb.numpyro: the model has no latent sample sites (every numpyro.sample "
+            "has obs=...), so there is no posterior to fit. Check that the parameters are "
+            "numpyro.sample sites without obs."
+        )
+
+
+class LogJoint:
+    r"""The unconstrained log joint of a NumPyro model, as a function of one vector.
+
+    ``x`` of shape ``(dim,)`` holds the latent sample sites on NumPyro's unconstrained
+    scale (``biject_to(support).inv`` of each value), raveled in the order of the
+    site names (``jax.flatten_util.ravel_pytree``); ``log_joint(x)`` is NumPyro's
+    ``-potential_energy``: the model's log density at the constrained values plus the
+    log-Jacobians of the bijections. Every plate is given all its indices, so the
+    value is the full-data log joint even where a plate has a ``subsample_size``.
+
+    Build one with :func:`log_joint` (which returns a :class:`MinibatchLogJoint` for a
+    model that subsamples). Like any log joint, it goes into :func:`jaxvb.fit`,
+    :func:`jaxvb.laplace` and ``jax.grad``. It holds the model arguments and hashes by
+    identity (it is a static argument of the compiled loop).
+
+    Attributes:
+      model, model_args, model_kwargs: the model and what it is called with.
+      dim: the length of ``x``.
+      latent_shapes: site name -> shape of its (constrained) value, in model order.
+      deterministic_shapes: the same for the ``numpyro.deterministic`` sites.
+      posterior_sites: the names of the latent and deterministic sites, in model order.
+      observed: site name -> observed value (all of it, for a subsampled plate).
+      subsample_plates: plate name -> ``(size, subsample_size)`` for each plate that
+        subsamples.
+
+    Example:
+      >>> import jax.numpy as jnp, numpyro, numpyro.distributions as dist
+      >>> import jaxvb.numpyro
+      >>> def model(y):
+      ...     scale = numpyro.sample("scale", dist.HalfNormal(1.0))
+      ...     numpyro.sample("y", dist.Normal(0.0, scale), obs=y)
+      >>> lj = jaxvb.numpyro.log_joint(model, jnp.array([0.5, -1.0]))
+      >>> lj.dim, lj.latent_shapes
+      (1, {'scale': ()})
+      >>> x = lj.unconstrain({"scale": jnp.array(2.0)})  # log(2): HalfNormal's bijection
+      >>> round(float(x[0]), 6), round(float(lj.constrain(x)["scale"]), 6)
+      (0.693147, 2.0)
+    """
+
+    def __init__(self, model: Callable, *model_args: Any, **model_kwargs: Any):
+        if not callable(model):
+            raise TypeError(f"jaxvb.numpyro: model must be a function, got {model!r}")
+        self.model = model
+        self.model_args = model_args
+        self.model_kwargs = model_kwargs
+        try:
+            trace = _trace(model, model_args, model_kwargs)
+        except Exception as e:
+            raise ValueError(
+                f"jaxvb.numpyro: running the model failed ({type(e).__name__}: {e}). jaxvb "
+                "runs it once as model(*model_args, **model_kwargs) under "
+                "numpyro.handlers.seed to find its sites; check the model and the "
+                "arguments passed to it."
+            ) from e
+        self.subsample_plates = {
+            name: (int(site["args"][0]), int(site["args"][1]))
+            for name, site in trace.items()
+            if site["type"] == "plate"
+            and site["args"][1] is not None
+            and site["args"][1] != site["args"][0]
+        }
+        if self.subsample_plates:
+            self._full_model = handlers.substitute(
+                model,
+                data={
+                    n: jnp.arange(size) for n, (size, _) in self.subsample_plates.items()
+                },
+            )
+            trace = _trace(self._full_model, model_args, model_kwargs)
+        else:
+            self._full_model = model
+        _check_sites(trace, self.subsample_plates)
+
+        latent = {name: site for name, site in trace.items() if _is_latent(site)}
+        self.latent_shapes = {
+            name: np.shape(site["value"]) for name, site in latent.items()
+        }
+        self.deterministic_shapes = {
+            name: np.shape(site["value"])
+            for name, site in trace.items()
+            if site["type"] == "deterministic"
+        }
+        self.posterior_sites = [
+            name
+            for name in trace
+            if name in self.latent_shapes or name in self.deterministic_shapes
+        ]
+        self.observed = {
+            name: site["value"]
+            for name, site in trace.items()
+            if site["type"] == "sample"
+            and site["is_observed"]
+            and not isinstance(site["fn"], dist.Unit)  # numpyro.factor
+        }
+        self._dims = {
+            name: dims
+            for name, site in trace.items()
+            if site["type"] == "sample" and (dims := _plate_dims(site)) is not None
+        }
+        with _full_plates_quiet():
+            unconstrained = unconstrain_fn(
+                self._full_model,
+                model_args,
+                model_kwargs,
+                {name: site["value"] for name, site in latent.items()},
+            )
+        flat, self._unravel = ravel_pytree(unconstrained)
+        self.dim = int(flat.shape[0])
+        self.dtype = flat.dtype
+
+    def unravel(self, x: jax.Array) -> dict[str, jax.Array]:
+        """The unconstrained value of each latent site, from ``x`` of shape ``(dim,)``."""
+        return self._unravel(x)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """The full-data log joint at ``x`` (unconstrained), with the log-Jacobians."""
+        with _full_plates_quiet():
+            return -potential_energy(
+                self._full_model, self.model_args, self.model_kwargs, self.unravel(x)
+            )
+
+    def constrain(self, x: jax.Array) -> dict[str, jax.Array]:
+        """The constrained value of every latent and deterministic site at ``x``."""
+        with _full_plates_quiet():
+            return constrain_fn(
+                self._full_model,
+                self.model_args,
+                self.model_kwargs,
+                self.unravel(x),
+                return_deterministic=True,
+            )
+
+    def unconstrain(self, values: Mapping[str, Any]) -> jax.Array:
+        """``x`` of shape ``(dim,)`` from the constrained values of the latent sites."""
+        missing = sorted(set(self.latent_shapes) - set(values))
+        if missing:
+            raise ValueError(f"jaxvb.numpyro: no value for the latent site(s) {missing}")
+        values = {name: values[name] for name in self.latent_shapes}
+        with _full_plates_quiet():
+            params = unconstrain_fn(
+                self._full_model, self.model_args, self.model_kwargs, values
+            )
+        return ravel_pytree(params)[0].astype(self.dtype)
+
+    def init_point(
+        self, key: jax.Array, init_strategy: Callable = init_to_median
+    ) -> jax.Array:
+        """A starting ``x`` from a NumPyro init strategy (``numpyro.infer.init_to_*``).
+
+        The model is run under ``substitute(seed(model, key), substitute_fn=init_strategy)``
+        as NumPyro's ``initialize_model`` does, and the latent values it picks are
+        mapped to the unconstrained scale.
+        """
+        model = handlers.substitute(
+            handlers.seed(self._full_model, rng_seed=key), substitute_fn=init_strategy
+        )
+        with _full_plates_quiet():
+            trace = handlers.trace(model).get_trace(*self.model_args, **self.model_kwargs)
+        return self.unconstrain({name: trace[name]["value"] for name in self.latent_shapes})
+
+    def arviz_dims(self) -> dict[str, list[str]]:
+        """ArviZ dimension names per site: a plate's name on the axis it indexes.
+
+        Left out where a plate's name is also the name of a site (ArviZ would take it
+        for a coordinate variable).
+        """
+        names = (
+            set(self.latent_shapes) | set(self.deterministic_shapes) | set(self.observed)
+        )
+        return {
+            site: dims
+            for site, dims in self._dims.items()
+            if not names.intersection(dims)
+            and (site in self.latent_shapes or site in self.observed)
+        }
+
+
+class MinibatchLogJoint(LogJoint):
+    """The log joint of a NumPyro model whose plates subsample (section 5.5).
+
+    Calling it gives the full-data log joint, like :class:`LogJoint`. :func:`jaxvb.fit`
+    also finds :meth:`batch` and uses, at every step, the model evaluated with fresh
+    subsample indices: NumPyro's ``plate`` draws them (without replacement) and scales
+    the likelihood by ``size / subsample_size``, an unbiased estimate of the full log
+    joint, so the fit converges to the full-data answer.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+      >>> import jaxvb.numpyro
+      >>> def model(y):
+      ...     mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+      ...     with numpyro.plate("data", y.shape[0], subsample_size=2) as idx:
+      ...         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+      >>> lj = jaxvb.numpyro.log_joint(model, jnp.arange(6.0))
+      >>> type(lj).__name__, lj.subsample_plates
+      ('MinibatchLogJoint', {'data': (6, 2)})
+      >>> x = jnp.array([2.5])
+      >>> batch = jax.jit(jax.vmap(lambda t: lj.batch(jax.random.key(0), t)(x)))
+      >>> values = batch(jnp.arange(1, 4001))  # 4000 steps' minibatch estimates
+      >>> round(float(lj(x)), 2), round(float(values.mean()), 1)  # unbiased
+      (-17.52, -17.5)
+    """
+
+    def __init__(self, model: Callable, *model_args: Any, **model_kwargs: Any):
+        super().__init__(model, *model_args, **model_kwargs)
+        if not self.subsample_plates:
+            raise ValueError(
+                "jaxvb.numpyro: MinibatchLogJoint needs a model with a plate that has a "
+                "subsample_size; this one has none (use LogJoint or log_joint)"
+            )
+
+    def batch(self, key: jax.Array, step: jax.Array) -> Callable[[jax.Array], jax.Array]:
+        """The unbiased log joint of step ``step``, its subsample drawn from ``key``."""
+        batch_key = jax.random.fold_in(key, step)
+
+        def log_joint(x):
+            # A fresh seed handler per call: seed splits its key as the model runs, so
+            # one shared across calls would give each trace (log p, grad, Hessian)
+            # a different subsample and keep a tracer from an earlier trace.
+            seeded = handlers.seed(self.model, rng_seed=batch_key)
+            return -potential_energy(
+                seeded, self.model_args, self.model_kwargs, self.unravel(x)
+            )
+
+        return log_joint
+
+
+def log_joint(model: Callable, *model_args: Any, **model_kwargs: Any) -> LogJoint:
+    """The unconstrained log joint of ``model(*model_args, **model_kwargs)``.
+
+    Returns a :class:`MinibatchLogJoint` when a plate of the model has a
+    ``subsample_size``, else a :class:`LogJoint`. Use it to call :func:`jaxvb.fit`
+    directly (any family, method or starting point); :func:`fit` does that for you.
+    (``LogJoint(model, ...)`` itself never subsamples: a fit to it uses all the data
+    at every step.)
+
+    Raises:
+      ValueError: the model fails to run with these arguments, or has a discrete,
+        ``Delta`` or ``param`` latent site, a latent site inside a subsampled plate,
+        or no latent site at all; the message names the sites and what to do.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+      >>> import jaxvb.numpyro
+      >>> def model(y):
+      ...     mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+      ...     numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+      >>> lj = jaxvb.numpyro.log_joint(model, jnp.array([1.0, 2.0, 3.0]))
+      >>> type(lj).__name__, lj.dim
+      ('LogJoint', 1)
+      >>> x = jnp.array([1.5])  # the posterior mode, 6/4: the gradient is 0 there
+      >>> round(float(lj(x)), 6), round(float(jax.grad(lj)(x)[0]), 6)
+      (-6.175754, 0.0)
+    """
+    lj = LogJoint(model, *model_args, **model_kwargs)
+    if not lj.subsample_plates:
+        return lj
+    # The same log joint, with batch(): no need to run the model again.
+    minibatch = object.__new__(MinibatchLogJoint)
+    minibatch.__dict__.update(lj.__dict__)
+    return minibatch
+
+
+_FORWARDED = frozenset(Result._fields) | {"ok", "message"}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class NumPyroResult:
+    """What :func:`jaxvb.numpyro.fit` returns: the engine's result and the model.
+
+    Every attribute of :class:`jaxvb.Result` reads through (``q``, ``elbo``,
+    ``log_evidence``, ``kl``, ``r_squared``, ``status``, ``ok``, ``message``, ...);
+    ``q`` is a distribution over the unconstrained vector ``x`` of :class:`LogJoint`.
+    :meth:`sample` and :meth:`to_arviz` give draws on the model's own scale. A pytree
+    (the result is its leaf, the log joint static), so ``jax.jit`` can return it.
+
+    Attributes:
+      result: the :class:`jaxvb.Result` of the fit.
+      log_joint: the :class:`LogJoint` it was fitted to.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+      >>> import jaxvb, jaxvb.numpyro
+      >>> def model(y):
+      ...     mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+      ...     numpyro.deterministic("mu2", 2.0 * mu)
+      ...     with numpyro.plate("data", y.shape[0]):
+      ...         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+      >>> q0 = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))  # over x = (mu,); no mode search
+      >>> res = jaxvb.numpyro.fit(model, jax.random.key(0), jnp.array([1.0, 2.0, 3.0]),
+      ...                         num_steps=20, init=q0, fit_kwargs={"num_eval_draws": 10})
+      >>> round(float(res.r_squared), 6), round(float(res.q.mean[0]), 6)
+      (1.0, 1.5)
+      >>> draws = res.sample(jax.random.key(1), 100)
+      >>> {name: v.shape for name, v in draws.items()}
+      {'mu': (100,), 'mu2': (100,)}
+      >>> idata = res.to_arviz(jax.random.key(1), 100, num_chains=2)
+      >>> list(idata.posterior.data_vars), dict(idata.posterior.sizes)
+      (['mu', 'mu2'], {'chain': 2, 'draw': 50})
+    """
+
+    result: Result
+    log_joint: LogJoint
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _FORWARDED:
+            return getattr(self.result, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | _FORWARDED)
+
+    def sample(self, key: jax.Array, num_samples: int) -> dict[str, jax.Array]:
+        """``num_samples`` draws of every latent and deterministic site, constrained.
+
+        Draws ``x`` of ``q`` are mapped through NumPyro's bijections and the model is
+        replayed at them (``numpyro.infer.util.constrain_fn``), with all the data, for
+        the deterministic sites. Observed sites are not included.
+
+        Returns:
+          A dict keyed by site name, in model order; each value has shape
+          ``(num_samples, *site_shape)``. See the class example.
+        """
+        x = self.result.q.sample(key, (int(num_samples),))
+        draws = jax.vmap(self.log_joint.constrain)(x)  # vmap sorts the names
+        return {name: draws[name] for name in self.log_joint.posterior_sites}
+
+    def to_arviz(self, key: jax.Array, num_samples: int, *, num_chains: int = 1) -> Any:
+        """An ``arviz.InferenceData`` of :meth:`sample`'s draws (needs ``arviz``).
+
+        Groups: ``posterior`` (every latent and deterministic site, dimensions
+        ``(chain, draw, *site_shape)``; a plate's name labels the axis it indexes) and
+        ``observed_data`` (the observed sites, all of the data). The draws are
+        independent: ``num_chains`` splits them into that many equal blocks (the
+        default 1 is one chain of ``num_samples`` draws), which only gives ArviZ's
+        chain-based diagnostics such as ``r_hat`` something to compare.
+        ``az.summary(idata)`` and ``az.plot_posterior(idata)`` work on it. See the
+        class example.
+        """
+        return from_draws(
+            self.sample(key, num_samples),
+            num_chains=num_chains,
+            dims=self.log_joint.arviz_dims(),
+            observed_data=self.log_joint.observed,
+        )
+
+
+jax.tree_util.register_pytree_node(
+    NumPyroResult,
+    lambda r: ((r.result,), r.log_joint),
+    lambda log_joint, children: NumPyroResult(children[0], log_joint),
+)
+
+
+def fit(
+    model: Callable,
+    key: jax.Array,
+    *model_args: Any,
+    num_steps: int,
+    method: str | Method | None = None,
+    init: Callable | ExponentialFamily | jax.Array | None = None,
+    fit_kwargs: Mapping[str, Any] | None = None,
+    **model_kwargs: Any,
+) -> NumPyroResult:
+    """Fits a Gaussian to the posterior of a NumPyro model, on its unconstrained scale.
+
+    Builds :func:`log_joint` of ``model(*model_args, **model_kwargs)`` (NumPyro's
+    potential energy with the log-Jacobians of its bijections), picks a starting
+    point and runs :func:`jaxvb.fit`: by default from the Laplace approximation at the
+    mode found from NumPyro's ``init_to_median``, with Algorithm 2
+    (``method="hessian"``). A model whose plates have a ``subsample_size`` is fitted on
+    minibatches, with all the data for the start and the diagnostics.
+
+    Args:
+      model: a NumPyro model (a function with ``numpyro.sample`` sites); its latent
+        sites must be continuous.
+      key: a JAX random key (split into one for the start, one for the fit).
+      *model_args: positional arguments of the model (e.g. the data).
+      num_steps: ``N``, the number of iterations of the fit.
+      method: passed to :func:`jaxvb.fit`; ``None`` is ``"hessian"`` for a Gaussian.
+      init: where to start. A NumPyro init strategy (``numpyro.infer.init_to_median``
+        by default, ``init_to_value(values={...})``, ``init_to_sample``, ...) picks a
+        point, where :func:`jaxvb.laplace` finds the mode and the Laplace
+        approximation to start from. An array ``x0`` of shape ``(dim,)`` on the
+        unconstrained scale does the same from ``x0``; a jaxvb family (e.g. a
+        :class:`jaxvb.Gaussian` over ``x``) is used as ``q0`` directly, with no mode
+        search.
+      fit_kwargs: further options of :func:`jaxvb.fit` (``step_size``, ``num_draws``,
+        ``antithetic``, ``max_backtracks``, ``num_eval_draws``, ``trace``,
+        ``on_failure``), as a dict, so that they cannot clash with the model's own
+        keyword arguments.
+      **model_kwargs: keyword arguments of the model. (A model keyword named like one
+        of the options above can be bound with ``functools.partial``.)
+
+    Returns:
+      :class:`NumPyroResult`: the engine's diagnostics (``.elbo``, ``.log_evidence``,
+      ``.r_squared``, ``.status``, ``.q`` over ``x``, ...), ``.sample(key, n)`` (a dict
+      of constrained draws keyed by site name) and ``.to_arviz(key, n)``.
+
+    Raises:
+      ValueError: the model fails to run, or has a discrete latent site (or another
+        site jaxvb cannot fit; see :func:`log_joint`); the start is not finite.
+      jaxvb.FitError: the fit is not trustworthy (with ``on_failure="raise"``, the
+        default); its ``.result`` is the :class:`NumPyroResult`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+      >>> import jaxvb.numpyro
+      >>> def model(y):
+      ...     mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+      ...     with numpyro.plate("data", y.shape[0]):
+      ...         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+      >>> res = jaxvb.numpyro.fit(model, jax.random.key(0), jnp.array([1.0, 2.0, 3.0]),
+      ...                         num_steps=20, fit_kwargs={"num_eval_draws": 10})
+      >>> q = res.q  # exact here: N(6/4, 1/4)
+      >>> round(float(q.mean[0]), 6), round(float(q.cov[0, 0]), 6), int(res.status)
+      (1.5, 0.25, 0)
+    """
+    fit_kwargs = dict(fit_kwargs or {})
+    clash = sorted({"num_steps", "method", "log_joint", "q0", "key"} & set(fit_kwargs))
+    if clash:
+        raise TypeError(
+            f"jaxvb.numpyro.fit: give {clash} as arguments of fit, not in fit_kwargs"
+        )
+    lj = log_joint(model, *model_args, **model_kwargs)
+    key_init, key_fit = jax.random.split(key)
+    if init is None:
+        init = init_to_median
+    if isinstance(init, ExponentialFamily):
+        if tuple(init.event_shape) != (lj.dim,):
+            raise ValueError(
+                f"jaxvb.numpyro.fit: init has event shape {tuple(init.event_shape)}, but "
+                f"the model's unconstrained latent vector has shape ({lj.dim},)"
+            )
+        q0 = init
+    else:
+        if callable(init):
+            q0 = lj.init_point(key_init, init)
+        else:
+            q0 = jnp.asarray(init)
+            if q0.shape != (lj.dim,):
+                raise ValueError(
+                    f"jaxvb.numpyro.fit: init has shape {q0.shape}, but the model's "
+                    f"unconstrained latent vector has shape ({lj.dim},)"
+                )
+        start = lj(q0)
+        if is_concrete(start) and not np.isfinite(float(start)):
+            raise ValueError(
+                f"jaxvb.numpyro.fit: the log density is {float(start)} at the starting "
+                f"point {lj.constrain(q0)}; pick one inside the support with "
+                "init=numpyro.infer.init_to_value(values={...})."
+            )
+    try:
+        result = _fit(lj, q0, key_fit, num_steps=num_steps, method=method, **fit_kwargs)
+    except FitError as e:
+        raise FitError(str(e), NumPyroResult(e.result, lj)) from None
+    return NumPyroResult(result, lj)
