@@ -36,7 +36,16 @@ from jaxvb.structure import Minibatch
 
 
 class Status(enum.IntFlag):
-    """Bit flags in ``Result.status``; ``0`` means the fit went as planned."""
+    """Bit flags in ``Result.status``; ``0`` means the fit went as planned.
+
+    Example:
+      >>> import jaxvb
+      >>> status = jaxvb.Status(12)   # e.g. int(result.status)
+      >>> [flag.name for flag in status]
+      ['NONFINITE_LOG_DENSITY', 'NONFINITE_DIAGNOSTICS']
+      >>> jaxvb.Status.NOT_CONVERGED in status, jaxvb.Status(0) == jaxvb.Status.OK
+      (False, True)
+    """
 
     OK = 0
     #: An intermediate update was not a proper distribution (the paper's "increase the
@@ -79,6 +88,16 @@ class Trace(NamedTuple):
       natural_params: ``(num_steps, k)``, the natural parameters of ``q_{t+1}``.
       log_density: ``(num_steps,)``, the mean of ``log_joint`` over the step's draws.
       proper: ``(num_steps,)``, whether the step's update was a proper distribution.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> log_joint = lambda x: -0.5 * jnp.sum((x - 1.0) ** 2)
+      >>> res = jaxvb.fit(log_joint, jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)),
+      ...                 jax.random.key(0), num_steps=20, num_eval_draws=2, trace=True)
+      >>> res.trace.natural_params.shape, res.trace.log_density.shape   # k = 2 + 3
+      ((20, 5), (20,))
+      >>> bool(res.trace.proper.all())
+      True
     """
 
     natural_params: jax.Array
@@ -104,6 +123,18 @@ class Result(NamedTuple):
         draws of ``q`` moves it; ``inf`` where that update is not proper, ``nan`` where
         the check was not run (see :attr:`Status.NOT_CONVERGED`).
       trace: :class:`Trace` when asked for, else ``None``.
+
+    Example:
+      A Gaussian target, ``exp(-|x - 1|^2 / 8)``, whose normaliser is ``8 pi``:
+
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> log_joint = lambda x: -0.5 * jnp.sum((x - 1.0) ** 2 / 4.0)
+      >>> res = jaxvb.fit(log_joint, jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)),
+      ...                 jax.random.key(0), num_steps=20)
+      >>> res.q.mean.round(6).tolist(), round(float(res.log_evidence), 6)   # log 8 pi
+      ([1.0, 1.0], 3.224171)
+      >>> round(float(res.r_squared), 6), int(res.status), bool(res.ok), res.message
+      (1.0, 0, True, 'ok')
     """
 
     q: Any
@@ -134,7 +165,23 @@ class Result(NamedTuple):
 
 
 class FitError(RuntimeError):
-    """A fit whose result cannot be trusted; the flagged result is in ``.result``."""
+    """A fit whose result cannot be trusted; the flagged result is in ``.result``.
+
+    Example:
+      A Gaussian puts mass where ``log x`` is NaN: the fit raises, and keeps its work.
+
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> log_joint = lambda x: jnp.log(x[0]) - x[0]   # Gamma(2, 1), x > 0
+      >>> try:
+      ...     jaxvb.fit(log_joint, jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1)),
+      ...               jax.random.key(0), num_steps=20, num_eval_draws=2)
+      ... except jaxvb.FitError as err:
+      ...     print(err)
+      ...     result = err.result
+      jaxvb.fit: log_joint was not finite at x = [-0.49...] (first at step 3); ...
+      >>> result.q.mean.shape, int(result.first_nonfinite_step)
+      ((1,), 3)
+    """
 
     def __init__(self, message: str, result: Result):
         super().__init__(message)
@@ -142,11 +189,34 @@ class FitError(RuntimeError):
 
 
 class FitWarning(UserWarning):
-    """A fit that finished but whose status has a flag worth knowing about."""
+    """A fit that finished but whose status has a flag worth knowing about.
+
+    Example:
+      An ordinary ``UserWarning`` subclass, so the ``warnings`` filters apply:
+
+      >>> import warnings, jaxvb
+      >>> issubclass(jaxvb.FitWarning, UserWarning)
+      True
+      >>> with warnings.catch_warnings():
+      ...     warnings.simplefilter("error", jaxvb.FitWarning)   # make it an error
+      ...     pass  # fits in here raise instead of warning
+    """
 
 
 def explain(result: Result) -> str:
-    """Describes each flag of a concrete ``result.status``: what happened and what to do."""
+    """Describes each flag of a concrete ``result.status``: what happened and what to do.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> log_joint = lambda x: jnp.log(x[0]) - x[0]   # Gamma(2, 1), x > 0
+      >>> res = jaxvb.fit(log_joint, jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1)),
+      ...                 jax.random.key(0), num_steps=20, num_eval_draws=2,
+      ...                 on_failure="ignore")
+      >>> print(jaxvb.explain(res))
+      log_joint was not finite at x = [-0.49...] (first at step 3); such draws were left
+      out. Make sure log_joint is finite on the whole support of the approximating family
+      (e.g. use Gamma for a positive parameter, or transform it to the real line).
+    """
     status = Status(int(np.asarray(result.status)))
     if status == Status.OK:
         return "ok"
@@ -629,7 +699,7 @@ def _fit(
     # is skipped where 200 are too few (Algorithm 1 with a large Gaussian).
     num_check = min(num_eval_draws, 200)
     shift = jnp.full((), jnp.nan, dtype)
-    if num_check >= 4 * method.min_draws(q):
+    if method.check_fixed_point and num_check >= 4 * method.min_draws(q):
         shift, noise = _fixed_point_check(
             jax.random.fold_in(key_eval, 1), q, log_p_fn, method, num_check
         )

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import scipy.linalg as sla
 from jax.test_util import check_grads
+from scipy import stats
 
 from jaxvb import linalg as la
 
@@ -263,6 +264,34 @@ def test_gaussian_arrowhead_is_factor_mean_and_selected_inverse(t, w, k):
     close(np_dense(sel.band), np.where(band_mask(t, w), sigma[:t, :t], 0.0))
     close(sel.border, sigma[:t, t:])
     close(sel.corner, sigma[t:, t:])
+
+
+@pytest.mark.parametrize(("t", "w", "k"), ARROWHEAD_CASES)
+def test_cholesky_forward_and_triangular_matvec_against_dense(t, w, k):
+    """The one-scan factor and ``L^{-1} h`` (w = 1; composed otherwise), ``L x``, ``L' x``,
+    and the density they give, ``log N(f; P^{-1} h, P^{-1})``, against dense NumPy/SciPy."""
+    rng = np.random.default_rng(11 + 1000 * t + 10 * w + k)
+    p_dense = random_arrowhead(rng, t, w, k)
+    h = rng.normal(size=t + k)
+    p = np_arrowhead(p_dense, w, k)
+    factor, y = jax.jit(la.cholesky_forward_arrowhead)(p, h)
+    for a, b in zip(factor, la.cholesky_arrowhead(p), strict=True):
+        close(a, b)
+    low = np.linalg.cholesky(p_dense)
+    close(y, np.linalg.solve(low, h))
+    x = rng.normal(size=(t + k, 2))
+    close(la.matvec_triangular_arrowhead(factor, x), low @ x)
+    close(la.matvec_triangular_arrowhead(factor, x[:, 0], transpose=True), low.T @ x[:, 0])
+    f = x[:, 0]
+    log_q = (
+        la.logdet_arrowhead(factor) / 2
+        - 0.5 * np.sum((la.matvec_triangular_arrowhead(factor, f, transpose=True) - y) ** 2)
+        - 0.5 * (t + k) * np.log(2 * np.pi)
+    )
+    cov = np.linalg.inv(p_dense)
+    close(log_q, stats.multivariate_normal(cov @ h, cov).logpdf(f))
+    with pytest.raises(ValueError, match="h must have shape"):
+        la.cholesky_forward_arrowhead(p, h[:-1])
 
 
 def test_stochastic_volatility_shaped_arrowhead():

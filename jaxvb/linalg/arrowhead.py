@@ -37,6 +37,7 @@ from jaxvb.linalg.banded import (
     _backward,
     _forward,
     _rhs,
+    _shift,
     _unshift,
     _zero_padding,
     cholesky_banded,
@@ -54,10 +55,12 @@ __all__ = [
     "Arrowhead",
     "ArrowheadCholesky",
     "cholesky_arrowhead",
+    "cholesky_forward_arrowhead",
     "from_dense_arrowhead",
     "is_pd_arrowhead",
     "logdet_arrowhead",
     "matvec_arrowhead",
+    "matvec_triangular_arrowhead",
     "sample_arrowhead",
     "selected_inverse_arrowhead",
     "solve_arrowhead",
@@ -75,6 +78,16 @@ class Arrowhead(NamedTuple):
       band: ``A`` in lower band form (``jaxvb.linalg.banded``), shape ``(w + 1, T)``.
       border: ``B``, shape ``(T, k)``.
       corner: ``C``, shape ``(k, k)``, symmetric.
+
+    Example:
+      ``T = 3`` with a tridiagonal ``A`` (bandwidth 1) and one border column ``k = 1``:
+
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.linalg import Arrowhead, to_dense_arrowhead
+      >>> p = Arrowhead(band=jnp.array([[2.0, 2.0, 2.0], [-1.0, -1.0, 0.0]]),
+      ...               border=jnp.ones((3, 1)), corner=jnp.array([[4.0]]))
+      >>> to_dense_arrowhead(p).tolist()
+      [[2.0, -1.0, 0.0, 1.0], [-1.0, 2.0, -1.0, 1.0], [0.0, -1.0, 2.0, 1.0], [1.0, 1.0, 1.0, 4.0]]
     """
 
     band: Array
@@ -90,6 +103,15 @@ class ArrowheadCholesky(NamedTuple):
       border: ``W = L_A^{-1} B``, shape ``(T, k)``; ``W'`` is the factor's bottom-left block.
       corner: ``L_S``, lower triangular, shape ``(k, k)``, with
         ``L_S L_S' = C - B' A^{-1} B``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.linalg import Arrowhead, cholesky_arrowhead
+      >>> p = Arrowhead(jnp.array([[4.0, 4.0]]), jnp.array([[2.0], [2.0]]),
+      ...               jnp.array([[3.0]]))
+      >>> factor = cholesky_arrowhead(p)   # an ArrowheadCholesky
+      >>> factor.band.tolist(), factor.border.tolist(), factor.corner.tolist()
+      ([[2.0, 2.0]], [[1.0], [1.0]], [[1.0]])
     """
 
     band: Array
@@ -410,6 +432,105 @@ def sample_arrowhead(
     return x
 
 
+def cholesky_forward_arrowhead(
+    p: Arrowhead, h: ArrayLike
+) -> tuple[ArrowheadCholesky, Array]:
+    r"""The factor ``L`` of ``P = L L'`` and ``L^{-1} h``, for bandwidth 1 in one scan.
+
+    What a Gaussian ``N(P^{-1} h, P^{-1})`` needs for its density and its draws:
+    ``log N(f) = log|L| - |L'f - L^{-1}h|^2 / 2 - n log(2 pi) / 2`` (with
+    ``matvec_triangular_arrowhead``, no second scan) and ``f = L'^{-1}(L^{-1}h + z)``.
+    The same as ``cholesky_arrowhead(p)`` and ``solve_triangular_arrowhead(factor, h)``;
+    for bandwidth 1 the factorisation and both forward substitutions (of the border and
+    of ``h``) share one scan over ``T``: inside an iteration a scan's per-row overhead,
+    not its arithmetic, is the cost.
+
+    Args:
+      p: an ``Arrowhead`` precision.
+      h: shape ``(T + k,)``.
+
+    Returns:
+      ``(factor, y)``: an ``ArrowheadCholesky`` and ``y = L^{-1} h``, shape ``(T + k,)``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> p = Arrowhead(jnp.array([[4.0, 4.0], [1.0, 0.0]]),
+      ...               jnp.array([[2.0], [2.0]]), jnp.array([[3.0]]))
+      >>> factor, y = cholesky_forward_arrowhead(p, jnp.array([7.0, 7.0, 7.0]))
+      >>> solve_triangular_arrowhead(factor, y, transpose=True).round(6).tolist()
+      [1.0, 1.0, 1.0]
+    """
+    band, border, corner = _as_arrowhead(p, Arrowhead)
+    t, k = _check(band, border, corner)
+    h = jnp.asarray(h, band.dtype)
+    if h.shape != (t + k,):
+        raise ValueError(f"h must have shape ({t + k},) to match p, got {h.shape}.")
+    if band.shape[0] != 2:
+        factor = cholesky_arrowhead(p)
+        return factor, solve_triangular_arrowhead(factor, h)
+    c, l, w, y1 = _forward_tridiagonal(band, border, h[:t])
+    chol_s = jnp.linalg.cholesky(corner - w.T @ w)
+    y2 = _tri_inv(chol_s) @ (h[t:] - w.T @ y1)
+    factor = ArrowheadCholesky(_zero_padding(jnp.stack([c, l])), w, chol_s)
+    return factor, jnp.concatenate([y1, y2])
+
+
+def _forward_tridiagonal(band: Array, border: Array, h1: Array):
+    """One scan: ``L_A`` (diagonal ``c``, subdiagonal ``l``), ``L_A^{-1} B``, ``L_A^{-1} h1``."""
+    sub = _zero_padding(band)[1]
+    k = border.shape[1]
+
+    def forward(carry, inputs):
+        l_prev, z_prev = carry
+        a, b, rhs = inputs
+        c = jnp.sqrt(a - l_prev * l_prev)
+        z = (rhs - l_prev * z_prev) / c
+        l_i = b / c
+        return (l_i, z), (c, l_i, z)
+
+    rhs = jnp.concatenate([border, h1[:, None]], axis=1)
+    init = (jnp.zeros((), band.dtype), jnp.zeros((k + 1,), band.dtype))
+    _, (c, l, z) = jax.lax.scan(forward, init, (band[0], sub, rhs))
+    return c, l, z[:, :k], z[:, k]
+
+
+def matvec_triangular_arrowhead(
+    factor: ArrowheadCholesky, x: ArrayLike, *, transpose: bool = False
+) -> Array:
+    """``L x``, or ``L' x`` with ``transpose``, for the factor ``P = L L'``; no scan.
+
+    Args:
+      factor: from ``cholesky_arrowhead`` or ``cholesky_forward_arrowhead``.
+      x: shape ``(T + k,)`` or ``(T + k, m)``.
+      transpose: multiply by ``L'`` instead of ``L``.
+
+    Returns:
+      the product, shape of ``x``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> p = Arrowhead(jnp.array([[4.0, 4.0]]), jnp.array([[2.0], [2.0]]),
+      ...               jnp.array([[3.0]]))
+      >>> f = cholesky_arrowhead(p)   # L = [[2, 0, 0], [0, 2, 0], [1, 1, 1]]
+      >>> matvec_triangular_arrowhead(f, jnp.ones(3)).tolist()
+      [2.0, 2.0, 3.0]
+      >>> matvec_triangular_arrowhead(f, jnp.ones(3), transpose=True).tolist()
+      [3.0, 3.0, 1.0]
+    """
+    (band, border, corner), x1, x2, squeeze = _split(factor, x)
+    band = _zero_padding(band)
+    y1 = band[0][:, None] * x1
+    if transpose:  # L' = [[L_A', W], [0, L_S']]
+        for r in range(1, band.shape[0]):
+            y1 = y1 + band[r][:, None] * _unshift(x1, r)  # L_A[i + r, i] x[i + r]
+        y = jnp.concatenate([y1 + border @ x2, corner.T @ x2])
+    else:  # L = [[L_A, 0], [W', L_S]]
+        for r in range(1, band.shape[0]):
+            y1 = y1 + _shift(band[r][:, None] * x1, r)  # L_A[i, i - r] x[i - r]
+        y = jnp.concatenate([y1, border.T @ x1 + corner @ x2])
+    return y[:, 0] if squeeze else y
+
+
 def gaussian_arrowhead(
     p: Arrowhead, shift: ArrayLike
 ) -> tuple[ArrowheadCholesky, Array, Arrowhead]:
@@ -444,21 +565,7 @@ def gaussian_arrowhead(
     if band.shape[0] != 2:
         factor = cholesky_arrowhead(p)
         return factor, solve_arrowhead(factor, h), selected_inverse_arrowhead(factor)
-    sub = _zero_padding(band)[1]
-
-    def forward(carry, inputs):
-        l_prev, z_prev = carry
-        a, b, rhs = inputs
-        c = jnp.sqrt(a - l_prev * l_prev)
-        z = (rhs - l_prev * z_prev) / c
-        l_i = b / c
-        return (l_i, z), (c, l_i, z)
-
-    zero = jnp.zeros((), band.dtype)
-    rhs = jnp.concatenate([border, h[:t, None]], axis=1)
-    init = (zero, jnp.zeros((k + 1,), band.dtype))
-    _, (c, l, z) = jax.lax.scan(forward, init, (band[0], sub, rhs))
-    w, y1 = z[:, :k], z[:, k]
+    c, l, w, y1 = _forward_tridiagonal(band, border, h[:t])
     chol_s = jnp.linalg.cholesky(corner - w.T @ w)
     inv = _tri_inv(chol_s)
     y2 = inv @ (h[t:] - w.T @ y1)
@@ -474,7 +581,7 @@ def gaussian_arrowhead(
         return (x, var), (x, var, cov)
 
     rhs = jnp.concatenate([(y1 - w @ x2)[:, None], w], axis=1)
-    init = (jnp.zeros((k + 1,), band.dtype), zero)
+    init = (jnp.zeros((k + 1,), band.dtype), jnp.zeros((), band.dtype))
     _, (x, var, cov) = jax.lax.scan(backward, init, (c, l, rhs), reverse=True)
     x1, u = x[:, 0], x[:, 1:]
     v = u @ inv.T

@@ -27,6 +27,23 @@ class Method(NamedTuple):
       bind: ``None``, or ``bind(log_joint) -> Method`` for a method that needs to know
         the structure of the log joint (:func:`jaxvb.methods.sites` reads the factors of
         a :class:`jaxvb.Factors`); ``fit`` calls it once before running.
+      check_fixed_point: whether ``fit`` ends with its convergence check (one more
+        update from fresh draws must give ``q`` back; ``Status.NOT_CONVERGED``). It
+        needs ``estimate``'s ``x`` to be draws of ``q``; a Rao-Blackwellised method whose
+        ``x`` is not (e.g. a conditional mean) turns it off.
+
+    Example:
+      The factories of :mod:`jaxvb.methods` build them; ``fit`` takes any ``Method``:
+
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> q0 = jaxvb.Gamma(jnp.ones(1), jnp.ones(1))
+      >>> method = jaxvb.methods.regression(estimator="analytic", intercept="normalized")
+      >>> method.name, method.min_draws(q0), jaxvb.methods.regression().min_draws(q0)
+      ('regression(analytic, init=analytic)', 1, 3)
+      >>> stats = method.init(jax.random.key(0), q0, None)   # C_1, g_1 = C_1 eta~_1 ...
+      >>> q1 = method.solve(stats, q0)                       # ... which solve back to q0
+      >>> bool(jnp.allclose(q1.natural_params, q0.natural_params))
+      True
     """
 
     name: str
@@ -36,3 +53,4 @@ class Method(NamedTuple):
     solve: Callable[[Any, Any], Any]
     min_draws: Callable[[Any], int]
     bind: Callable[[Any], Method] | None = None
+    check_fixed_point: bool = True
