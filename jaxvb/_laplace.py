@@ -47,6 +47,13 @@ class LaplaceInfo(NamedTuple):
       newton_decrement: ``sqrt(g' P^{-1} g)`` at the returned mode (``inf`` where the
         precision ``P`` is not positive definite).
       num_newton: Newton steps taken after L-BFGS.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxvb
+      >>> log_joint = lambda x: 1.0 - 0.5 * jnp.sum((x - 2.0) ** 2)
+      >>> q, info = jaxvb.laplace(log_joint, jnp.zeros(2), return_info=True)
+      >>> bool(info.converged), bool(info.negative_definite), round(float(info.log_joint), 6)
+      (True, True, 1.0)
     """
 
     converged: jax.Array

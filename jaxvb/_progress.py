@@ -45,6 +45,18 @@ class ProgressInfo(NamedTuple):
       elbo_stderr: its Monte Carlo standard error (same shape).
       r_squared: ``1 - Var_q[log p - log q] / Var_q[log p]`` (same shape).
       status: the :class:`jaxvb.Status` flags raised so far (same shape).
+
+    Example:
+      A callback for ``fit(..., progress=jaxvb.Progress(every=10, callback=show))``:
+
+      >>> import numpy as np, jaxvb
+      >>> def show(info):
+      ...     print(f"{info.step}/{info.num_steps}: ELBO {float(info.elbo):.2f}, "
+      ...           f"R^2 {float(info.r_squared):.3f}")
+      >>> show(jaxvb.ProgressInfo(step=50, num_steps=100, elbo=np.array(-13.0),
+      ...                         elbo_stderr=np.array(0.02), r_squared=np.array(0.976),
+      ...                         status=np.array(0)))
+      50/100: ELBO -13.00, R^2 0.976
     """
 
     step: int

@@ -42,6 +42,11 @@ class NutsResult(NamedTuple):
       ess: effective sample size of each coordinate, shape ``(M,)``.
       r_hat: split Gelman-Rubin statistic of each coordinate, shape ``(M,)``.
       num_divergent: divergent transitions after warmup.
+
+    Example:
+      >>> from jaxvb.baselines import numpyro_probit
+      >>> numpyro_probit.NutsResult._fields
+      ('mean', 'cov', 'samples', 'ess', 'r_hat', 'num_divergent')
     """
 
     mean: np.ndarray
@@ -59,6 +64,11 @@ class SviResult(NamedTuple):
       mean: shape ``(M,)``.
       cov: shape ``(M, M)``.
       loss: the negative ELBO estimate at each step, shape ``(num_steps,)``.
+
+    Example:
+      >>> from jaxvb.baselines import numpyro_probit
+      >>> numpyro_probit.SviResult._fields
+      ('mean', 'cov', 'loss')
     """
 
     mean: jax.Array
@@ -72,6 +82,19 @@ def model(design: ArrayLike, y: ArrayLike) -> None:
     Args:
       design: regressors ``v_i`` as rows, shape ``(N, M)``.
       y: binary responses in ``{0, 1}``, shape ``(N,)``.
+
+    Example:
+      NumPyro's log density of the model is jaxvb's probit log joint:
+
+      >>> import jax.numpy as jnp
+      >>> from numpyro.infer.util import log_density
+      >>> from jaxvb.baselines import numpyro_probit
+      >>> from jaxvb.models import probit
+      >>> design = jnp.array([[1.0, 0.5], [1.0, -1.0], [1.0, 2.0]])
+      >>> y, x = jnp.array([1.0, 0.0, 1.0]), jnp.array([0.3, -0.2])
+      >>> lp, _ = log_density(numpyro_probit.model, (design, y), {}, {"x": x})
+      >>> bool(jnp.isclose(lp, probit.log_joint(x, design, y)))
+      True
     """
     import numpyro
     import numpyro.distributions as dist
@@ -108,6 +131,19 @@ def nuts(
 
     Returns:
       A :class:`NutsResult`.
+
+    Example:
+      Not run as a doctest: even a short run compiles NUTS for ~5 s with the test
+      suite's XLA settings (``tests/test_numpyro_baselines.py`` runs it).
+
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxvb.baselines import numpyro_probit
+      >>> design = jnp.array([[1.0, 0.5], [1.0, -1.0], [1.0, 2.0], [1.0, 0.0]])
+      >>> y = jnp.array([1.0, 0.0, 1.0, 0.0])
+      >>> ref = numpyro_probit.nuts(design, y, jax.random.key(0), num_warmup=500,
+      ...                           num_samples=1000, num_chains=2)  # doctest: +SKIP
+      >>> ref.mean.shape, ref.cov.shape, ref.samples.shape  # doctest: +SKIP
+      ((2,), (2, 2), (2, 1000, 2))
     """
     from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
 
@@ -143,6 +179,15 @@ def make_mcmc(
 
     ``jit_model_args=True``: the data are arguments of the compiled sampler, so running
     it on another data set of the same shape does not compile again.
+
+    Example:
+      One sampler for many data sets of one shape, passed to :func:`nuts`:
+
+      >>> from jaxvb.baselines import numpyro_probit
+      >>> mcmc = numpyro_probit.make_mcmc(num_warmup=500, num_samples=1000)
+      >>> mcmc.num_warmup, mcmc.num_samples, mcmc.num_chains
+      (500, 1000, 4)
+      >>> # refs = [numpyro_probit.nuts(d, y, key, mcmc=mcmc) for d, y in data_sets]
     """
     from numpyro.infer import MCMC, NUTS
 
@@ -185,6 +230,18 @@ def svi(
 
     Returns:
       :class:`SviResult` with the fitted mean and covariance.
+
+    Example:
+      Not run as a doctest: compiling NumPyro's SVI step takes ~8 s with the test
+      suite's XLA settings (``tests/test_numpyro_baselines.py`` runs it).
+
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxvb.baselines import numpyro_probit
+      >>> design = jnp.array([[1.0, 0.5], [1.0, -1.0], [1.0, 2.0], [1.0, 0.0]])
+      >>> y = jnp.array([1.0, 0.0, 1.0, 0.0])
+      >>> res = numpyro_probit.svi(design, y, jax.random.key(0), num_steps=1000)  # doctest: +SKIP
+      >>> res.mean.shape, res.cov.shape, res.loss.shape  # doctest: +SKIP
+      ((2,), (2, 2), (1000,))
     """
     import optax
     from numpyro.infer import SVI, Trace_ELBO

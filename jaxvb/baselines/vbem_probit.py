@@ -61,6 +61,17 @@ class Trace(NamedTuple):
     Attributes:
       mean: shape ``(num_iters + 1, M)``; ``mean[0]`` is the prior mean (zero).
       lower_bound: shape ``(num_iters + 1,)``, ``L`` at ``mean[t]``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.baselines import vbem_probit
+      >>> design = jnp.array([[1.0, 0.5], [1.0, -1.0], [1.0, 2.0], [1.0, 0.0]])
+      >>> res = vbem_probit.vbem(design, jnp.array([1.0, 0.0, 1.0, 0.0]), num_iters=20,
+      ...                        trace=True)
+      >>> res.trace.mean.shape, [round(v, 4) for v in res.trace.lower_bound[:3].tolist()]
+      ((21, 2), [-4.4562, -3.5538, -3.4182])
+      >>> bool(jnp.all(jnp.diff(res.trace.lower_bound) >= 0))   # never decreases
+      True
     """
 
     mean: jax.Array
@@ -76,6 +87,16 @@ class Result(NamedTuple):
       num_iters: iterations run, each one pass over the data (= likelihood evaluations).
       converged: whether the last iteration moved ``mu`` by at most the tolerance.
       trace: a :class:`Trace` when ``trace=True``, else ``None``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.baselines import vbem_probit
+      >>> design = jnp.array([[1.0, 0.5], [1.0, -1.0], [1.0, 2.0], [1.0, 0.0]])
+      >>> res = vbem_probit.vbem(design, jnp.array([1.0, 0.0, 1.0, 0.0]))
+      >>> [round(v, 4) for v in res.q.mean.tolist()], int(res.num_iters), bool(res.converged)
+      ([-0.1813, 0.8584], 68, True)
+      >>> [round(v, 4) for v in res.q.cov.ravel().tolist()]   # (V'V + I)^{-1}, any y
+      [0.2155, -0.0517, -0.0517, 0.1724]
     """
 
     q: Gaussian

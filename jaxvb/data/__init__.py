@@ -26,6 +26,12 @@ def cancer_mortality() -> tuple[np.ndarray, np.ndarray]:
 
     Returns:
       ``(y, n)``, two integer arrays of shape ``(20,)``.
+
+    Example:
+      >>> from jaxvb import data
+      >>> y, n = data.cancer_mortality()
+      >>> y.shape, int(y.sum()), int(n.sum())   # 71 deaths among 71478 at risk
+      ((20,), 71, 71478)
     """
     rows = _rows("cancermortality.csv")
     return (
@@ -43,6 +49,14 @@ def sv_gbpusd(source: str = "salimans_knowles") -> np.ndarray:
 
     Returns:
       ``y``, float array of shape ``(945,)``.
+
+    Example:
+      >>> from jaxvb import data
+      >>> y = data.sv_gbpusd()
+      >>> y.shape, round(float(y.std()), 4), round(float(y[0]), 4)
+      ((945,), 0.7606, -0.3466)
+      >>> round(float(data.sv_gbpusd("ksc")[0]), 4)   # the same day, not demeaned
+      -0.3555
     """
     files = {
         "salimans_knowles": "sv_gbpusd_salimans_knowles.csv",
@@ -64,6 +78,12 @@ def longley() -> tuple[np.ndarray, np.ndarray]:
 
     Returns:
       ``(y, x)``, float arrays of shapes ``(16,)`` and ``(16, 6)``.
+
+    Example:
+      >>> from jaxvb import data
+      >>> y, x = data.longley()
+      >>> y.shape, x.shape, float(y[0]), x[0, -1].item()   # employment in 1947
+      ((16,), (16, 6), 60323.0, 1947.0)
     """
     rows = _rows("longley.csv")
     y = np.array([float(r["y"]) for r in rows])
@@ -79,6 +99,12 @@ def coal_mining_disasters() -> tuple[np.ndarray, np.ndarray]:
 
     Returns:
       ``(year, count)``, two integer arrays of shape ``(112,)``.
+
+    Example:
+      >>> from jaxvb import data
+      >>> year, count = data.coal_mining_disasters()
+      >>> int(year[0]), int(year[-1]), int(count.sum())
+      (1851, 1962, 191)
     """
     rows = _rows("coal_mining_disasters.csv")
     return (

@@ -31,6 +31,20 @@ def register_family(cls):
     Fields are leaves unless declared ``dataclasses.field(metadata={"static": True})``.
     Unflattening bypasses ``__init__`` so that JAX can rebuild a family from tracers,
     batched leaves or placeholder objects without running the user-facing validation.
+
+    Example:
+      >>> import dataclasses, jax, jax.numpy as jnp
+      >>> from jaxvb.families import ExponentialFamily, register_family
+      >>> @register_family
+      ... class Located(ExponentialFamily):
+      ...     loc: jax.Array
+      ...     name: str = dataclasses.field(default="x", metadata={"static": True})
+      >>> q = Located(jnp.ones(2))
+      >>> [leaf.tolist() for leaf in jax.tree_util.tree_leaves(q)]   # name is static
+      [[1.0, 1.0]]
+      >>> doubled = jax.tree_util.tree_map(lambda v: 2 * v, q)
+      >>> doubled.loc.tolist(), doubled.name
+      ([2.0, 2.0], 'x')
     """
     cls = dataclasses.dataclass(frozen=True, eq=False, repr=False)(cls)
     fields = dataclasses.fields(cls)
@@ -102,6 +116,23 @@ class ExponentialFamily:
 
     Subclasses are decorated with :func:`register_family`; see the module docstring for
     what they must implement. ``event_shape`` is the shape of one draw ``x``.
+
+    Example:
+      What every family derives from its five methods, here ``Gamma(3, 2)`` with
+      ``T(x) = (log x, -x)``:
+
+      >>> import jax.numpy as jnp, jaxvb
+      >>> q = jaxvb.Gamma(jnp.array([3.0]), jnp.array([2.0]))
+      >>> q.natural_params.tolist(), q.num_stats, q.event_shape
+      ([2.0, 2.0], 2, (1,))
+      >>> round(float(q.log_normalizer), 6), round(float(q.entropy), 6)
+      (-1.386294, 1.154431)
+      >>> [round(v, 6) for v in q.mean_sufficient_stats.tolist()]   # E[log x], -E[x]
+      [0.229637, -1.5]
+      >>> [round(v, 6) for v in q.fisher_information.ravel().tolist()]   # Cov[T]
+      [0.394934, -0.5, -0.5, 0.75]
+      >>> bool(q.from_natural(jnp.array([-2.0, 2.0])).is_proper)   # concentration -1
+      False
     """
 
     # --- what a subclass implements -------------------------------------------------
@@ -249,6 +280,38 @@ class ScalarFamily(ExponentialFamily):
     (``_natural_parts`` / ``_from_natural_parts``), gives the per-element statistics
     (``_stats_parts``) and the per-element log normaliser (``_log_normalizer_parts``);
     the flat layout ``eta = (part_1.ravel(), part_2.ravel(), ...)`` is handled here.
+
+    Example:
+      A half-normal family, ``q(x) ∝ exp(-tau x^2 / 2)`` on ``x >= 0``
+      (``T(x) = -x^2 / 2``, ``eta = tau``, ``U = log(pi / (2 tau)) / 2``):
+
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxvb.families import ScalarFamily, register_family
+      >>> @register_family
+      ... class HalfNormal(ScalarFamily):
+      ...     precision: jax.Array
+      ...     def _natural_parts(self):
+      ...         return (self.precision,)
+      ...     def _from_natural_parts(self, precision):
+      ...         return HalfNormal(precision)
+      ...     def _stats_parts(self, x):
+      ...         return (-0.5 * x**2,)
+      ...     def _log_normalizer_parts(self, precision):
+      ...         return 0.5 * jnp.log(0.5 * jnp.pi / precision)
+      ...     def noise(self, key):
+      ...         return jax.random.normal(key, self.event_shape, self.dtype)
+      ...     def from_noise(self, z):
+      ...         return jnp.abs(z) / jnp.sqrt(self.precision)
+      ...     def in_support(self, x):
+      ...         return jnp.all(x >= 0)
+      ...     @property
+      ...     def mean(self):
+      ...         return jnp.sqrt(2.0 / (jnp.pi * self.precision))
+      >>> q = HalfNormal(jnp.array([4.0]))
+      >>> q.natural_params.tolist(), round(float(q.log_prob(jnp.array([0.5]))), 6)
+      ([4.0], -0.032644)
+      >>> q.sample(jax.random.key(0), (3,)).shape   # ready for jaxvb.fit
+      (3, 1)
     """
 
     def __post_init__(self):

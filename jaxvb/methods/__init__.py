@@ -1,6 +1,6 @@
 """Methods: how the regression statistics are estimated and solved."""
 
-from jaxvb.methods._base import Method
+from jaxvb.methods._base import Method, value_grad_hessian
 from jaxvb.methods.gradient import MEAN_CHOLESKY, GradientStats, Parameterization, gradient
 from jaxvb.methods.hessian import HessianStats, hessian
 from jaxvb.methods.mixture import MixtureStats, init_mixture, mixture
@@ -23,4 +23,5 @@ __all__ = [
     "regression",
     "SiteStats",
     "sites",
+    "value_grad_hessian",
 ]

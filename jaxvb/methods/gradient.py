@@ -49,7 +49,18 @@ from jaxvb.methods._base import Method
 
 
 class GradientStats(NamedTuple):
-    """``C`` (``(k, k)``, not symmetric) and ``g`` (``(k,)``) of eq. grad."""
+    """``C`` (``(k, k)``, not symmetric) and ``g`` (``(k,)``) of eq. grad.
+
+    Example:
+      The method's starting statistics: the Fisher information and ``C eta``.
+
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> q0 = jaxvb.Gamma(jnp.ones(1), jnp.ones(1))
+      >>> method = jaxvb.methods.gradient()
+      >>> stats = method.init(jax.random.key(0), q0, None)
+      >>> stats.C.shape, stats.g.shape, method.solve(stats, q0)
+      ((2, 2), (2,), Gamma(concentration=[1.0], rate=[1.0]))
+    """
 
     C: jax.Array
     g: jax.Array
@@ -66,6 +77,19 @@ class Parameterization(NamedTuple):
       to_params: ``to_params(q) -> phi``, shape ``(k,)``.
       from_params: ``from_params(q, phi) -> q'``, the family of ``q``'s type and shape
         with parameters ``phi`` (``q`` supplies only the type and the shape).
+
+    Example:
+      A Gamma differentiated in its log concentration and log rate:
+
+      >>> import jax.numpy as jnp, jaxvb
+      >>> from jaxvb.methods import Parameterization
+      >>> log_params = Parameterization(
+      ...     to_params=lambda q: jnp.log(jnp.concatenate([q.concentration, q.rate])),
+      ...     from_params=lambda q, phi: jaxvb.Gamma(*jnp.split(jnp.exp(phi), 2)))
+      >>> q = jaxvb.Gamma(jnp.array([4.0]), jnp.array([2.0]))
+      >>> log_params.from_params(q, log_params.to_params(q))
+      Gamma(concentration=[4.0], rate=[2.0])
+      >>> method = jaxvb.methods.gradient(log_params)   # for jaxvb.fit(..., method=method)
     """
 
     to_params: Callable[[Any], jax.Array]

@@ -21,34 +21,26 @@ from jax.scipy.linalg import cho_solve
 
 from jaxvb.families._base import build
 from jaxvb.families.gaussian import Gaussian
-from jaxvb.methods._base import Method
+from jaxvb.methods._base import Method, value_grad_hessian
 
 
 class HessianStats(NamedTuple):
-    """``a`` (``(d,)``), ``P`` (``(d, d)``) and ``z`` (``(d,)``) of Algorithm 2."""
+    """``a`` (``(d,)``), ``P`` (``(d, d)``) and ``z`` (``(d,)``) of Algorithm 2.
+
+    Example:
+      The method starts from ``a = 0``, ``P`` the precision and ``z`` the mean of
+      ``q0``, which solve back to ``q0``:
+
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> q0 = jaxvb.Gaussian(jnp.array([1.0, 2.0]), jnp.diag(jnp.array([4.0, 0.25])))
+      >>> stats = jaxvb.methods.hessian().init(jax.random.key(0), q0, None)
+      >>> stats.a.tolist(), stats.P.tolist(), stats.z.tolist()
+      ([0.0, 0.0], [[0.25, 0.0], [0.0, 4.0]], [1.0, 2.0])
+    """
 
     a: jax.Array
     P: jax.Array
     z: jax.Array
-
-
-def _value_grad_hessian(log_joint):
-    """``x -> (log p, grad, hess)`` in one forward-over-reverse pass.
-
-    ``jacfwd`` of ``value_and_grad`` carries the value and the gradient out as its
-    primal, so log p is not evaluated a second time (it is a third of the cost of a
-    step on the probit model).
-    """
-
-    def value_and_grad(x):
-        value, grad = jax.value_and_grad(log_joint)(x)
-        return grad, (value, grad)
-
-    def fn(x):
-        hess, (value, grad) = jax.jacfwd(value_and_grad, has_aux=True)(x)
-        return value, grad, hess
-
-    return fn
 
 
 @functools.cache
@@ -96,7 +88,7 @@ def hessian(grad_and_hessian: Callable | None = None) -> Method:
     def estimate_fn(noise, q, log_joint):
         x = q.from_noise(noise)
         if grad_and_hessian is None:
-            log_p, g, h = _value_grad_hessian(log_joint)(x)
+            log_p, g, h = value_grad_hessian(log_joint)(x)
         else:
             g, h = grad_and_hessian(x)
             log_p = log_joint(x)

@@ -38,8 +38,8 @@ import jax.numpy as jnp
 from jaxvb._laplace import laplace
 from jaxvb.families._base import build
 from jaxvb.families.mixture import GaussianMixture
-from jaxvb.methods._base import Method
-from jaxvb.methods.hessian import HessianStats, _value_grad_hessian, hessian
+from jaxvb.methods._base import Method, value_grad_hessian
+from jaxvb.methods.hessian import HessianStats, hessian
 
 SAMPLING = ("stratified", "marginal")
 
@@ -53,6 +53,15 @@ class MixtureStats(NamedTuple):
       a: ``(K, d)``, ``E_q[r_i grad(log p + log r_i)]``.
       P: ``(K, d, d)``, ``-E_q[r_i hess(log p + log r_i)]``.
       z: ``(K, d)``, ``E_q[r_i x]``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> q0 = jaxvb.GaussianMixture(jnp.array([0.5, 0.5]), jnp.array([[-1.0], [1.0]]),
+      ...                            jnp.stack([jnp.eye(1)] * 2))
+      >>> init = jax.jit(jaxvb.methods.mixture().init, static_argnums=2)
+      >>> stats = init(jax.random.key(0), q0, lambda x: -x @ x / 2)
+      >>> [v.shape for v in stats]   # C, g, a, P, z
+      [(2,), (2,), (2, 1), (2, 1, 1), (2, 1)]
     """
 
     C: jax.Array
@@ -168,7 +177,7 @@ def mixture(
     def draw_stats(x, q, log_joint):
         """The statistics of one point ``x``, Rao-Blackwellised over the label."""
         if grad_and_hessian is None:
-            log_p, grad, hess = _value_grad_hessian(log_joint)(x)
+            log_p, grad, hess = value_grad_hessian(log_joint)(x)
         else:
             grad, hess = grad_and_hessian(x)
             log_p = log_joint(x)

@@ -26,7 +26,20 @@ INTERCEPTS = ("estimate", "normalized")
 
 
 class RegressionStats(NamedTuple):
-    """``C`` (``(k+1, k+1)``) and ``g`` (``(k+1,)``) of eq. 9, intercept first."""
+    """``C`` (``(k+1, k+1)``) and ``g`` (``(k+1,)``) of eq. 9, intercept first.
+
+    Example:
+      For ``q = Exponential(2)`` (``T(x) = -x``, ``eta = rate``), ``C = E_q[T~' T~]``
+      and ``g = C eta~`` solve back to ``q``:
+
+      >>> import jax.numpy as jnp, jaxvb
+      >>> from jaxvb.methods.regression import RegressionStats, expected_outer_stats
+      >>> q = jaxvb.Exponential(jnp.array([2.0]))
+      >>> c = expected_outer_stats(q)
+      >>> stats = RegressionStats(C=c, g=c @ jnp.array([jnp.log(2.0), 2.0]))
+      >>> round(float(jaxvb.methods.regression().solve(stats, q).rate[0]), 12)
+      2.0
+    """
 
     C: jax.Array
     g: jax.Array
@@ -41,6 +54,14 @@ def expected_outer_stats(q) -> jax.Array:
 
     ``E[T] = dU/deta`` and ``E[T'T] = d^2U/deta^2 + E[T] E[T]'`` (the Fisher identity),
     so every family gets the analytic ``C`` of the paper (eq. 14) for free.
+
+    Example:
+      ``T~(x) = (1, -x)`` under ``Exponential(2)``: ``E[x] = 1/2``, ``E[x^2] = 1/2``.
+
+      >>> import jax.numpy as jnp, jaxvb
+      >>> from jaxvb.methods.regression import expected_outer_stats
+      >>> expected_outer_stats(jaxvb.Exponential(jnp.array([2.0]))).tolist()
+      [[1.0, -0.5], [-0.5, 0.5]]
     """
     mu = q.mean_sufficient_stats
     second = q.fisher_information + jnp.outer(mu, mu)
@@ -53,6 +74,13 @@ def solve_gram(c: jax.Array, g: jax.Array) -> jax.Array:
 
     Cholesky after Jacobi scaling, since the statistics can differ in scale by orders
     of magnitude. A singular ``C`` gives NaN, which ``fit`` flags as an improper update.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.methods.regression import solve_gram
+      >>> c = jnp.array([[1.0, -0.5], [-0.5, 0.5]])
+      >>> [round(v, 12) for v in solve_gram(c, c @ jnp.array([1.0, 2.0])).tolist()]
+      [1.0, 2.0]
     """
     scale = jax.lax.rsqrt(jnp.diagonal(c))
     chol = jnp.linalg.cholesky(c * scale[:, None] * scale[None, :])

@@ -54,6 +54,19 @@ class SiteStats(NamedTuple):
     ``"regression"``: ``C`` ``(N, 3, 3)`` and ``g`` ``(N, 3)`` (intercept first);
     ``"gradient"``: ``C`` ``(N, 2, 2)`` and ``g`` ``(N, 2)``;
     ``"hessian"``: ``C`` is ``p`` ``(N,)``, ``g`` is ``(a, z)`` ``(N, 2)``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> from jax.scipy.special import log_ndtr
+      >>> design, y = jnp.array([[1.0, 0.5], [1.0, -1.0], [1.0, 2.0]]), jnp.array([1.0, 0.0, 1.0])
+      >>> model = jaxvb.Factors(jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)),
+      ...                       lambda f, y_i: log_ndtr((2 * y_i - 1) * f), design, y)
+      >>> method = jaxvb.methods.sites("gradient").bind(model)
+      >>> stats = method.init(jax.random.key(0), model.prior, model)
+      >>> stats.C.shape, stats.g.shape   # one 2-d regression per site
+      ((3, 2, 2), (3, 2))
+      >>> method.solve(stats, model.prior)   # the sites start flat: q is the prior
+      Gaussian(mean=[0.0, 0.0], cov=[[1.0, 0.0], [0.0, 1.0]])
     """
 
     C: jax.Array

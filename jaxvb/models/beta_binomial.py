@@ -32,6 +32,15 @@ def log_joint(x: jax.Array, y: jax.Array, n: jax.Array) -> jax.Array:
       x: ``(logit m, log K)``.
       y: deaths per city, shape ``(J,)``.
       n: numbers at risk, shape ``(J,)``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb import data
+      >>> from jaxvb.models import beta_binomial
+      >>> y, n = data.cancer_mortality()
+      >>> x = jnp.array([-6.82, 7.58])   # the posterior mode
+      >>> round(float(beta_binomial.log_joint(x, jnp.asarray(y, float), jnp.asarray(n, float))), 3)
+      -571.376
     """
     logit_m, log_k = x[0], x[1]
     k = jnp.exp(log_k)
@@ -43,7 +52,15 @@ def log_joint(x: jax.Array, y: jax.Array, n: jax.Array) -> jax.Array:
 
 
 def cancer_mortality_log_joint():
-    """``log_joint(x)`` on the shipped cancer-mortality data (20 Missouri cities)."""
+    """``log_joint(x)`` on the shipped cancer-mortality data (20 Missouri cities).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.models import beta_binomial
+      >>> log_joint = beta_binomial.cancer_mortality_log_joint()
+      >>> round(float(log_joint(jnp.array([-6.82, 7.58]))), 3)
+      -571.376
+    """
     y, n = data.cancer_mortality()
     y = jnp.asarray(y, float)
     n = jnp.asarray(n, float)

@@ -27,6 +27,17 @@ class Conjugate(NamedTuple):
       log_joint: ``x -> log p(x, y)`` including every constant.
       posterior: the exact posterior ``p(x | y)``, a jaxvb family.
       log_evidence: ``log p(y)``.
+
+    Example:
+      ``log p(x, y) - log p(x | y) = log p(y)`` at every ``x``:
+
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.models import conjugate
+      >>> model = conjugate.beta_binomial(successes=7, trials=10)
+      >>> x = jnp.array([0.3])
+      >>> gap = model.log_joint(x) - model.posterior.log_prob(x)
+      >>> round(float(gap), 10), round(float(model.log_evidence), 10)   # log(1 / 11)
+      (-2.3978952728, -2.3978952728)
     """
 
     log_joint: Callable[[jax.Array], jax.Array]
@@ -38,6 +49,12 @@ def gamma_poisson(counts, concentration: float = 2.0, rate: float = 1.0) -> Conj
     """Poisson counts with a ``Gamma(concentration, rate)`` prior on the rate ``lam``.
 
     ``x`` has shape ``(1,)``; the posterior is ``Gamma(a + sum y, b + n)``.
+
+    Example:
+      >>> from jaxvb.models import conjugate
+      >>> model = conjugate.gamma_poisson([3, 0, 5, 2, 4, 1])
+      >>> model.posterior, round(float(model.log_evidence), 4)
+      (Gamma(concentration=[17.0], rate=[7.0]), -12.8591)
     """
     y = jnp.asarray(counts, float)
     a, b = concentration, rate
@@ -57,6 +74,12 @@ def beta_binomial(successes: int, trials: int, a: float = 1.0, b: float = 1.0) -
     """``successes ~ Binomial(trials, theta)`` with a ``Beta(a, b)`` prior on ``theta``.
 
     ``x`` has shape ``(1,)``; the posterior is ``Beta(a + s, b + n - s)``.
+
+    Example:
+      >>> from jaxvb.models import conjugate
+      >>> model = conjugate.beta_binomial(successes=7, trials=10)
+      >>> model.posterior, round(float(model.log_evidence), 4)   # log(1/11)
+      (Beta(concentration1=[8.0], concentration0=[4.0]), -2.3979)
     """
     s, n = float(successes), float(trials)
     log_choose = gammaln(n + 1.0) - gammaln(s + 1.0) - gammaln(n - s + 1.0)
@@ -75,6 +98,14 @@ def gaussian_linear(design, targets, noise_sd: float = 1.0, prior_sd: float = 1.
     """Bayesian linear regression ``y ~ N(X w, noise_sd^2 I)``, ``w ~ N(0, prior_sd^2 I)``.
 
     ``x = w`` has shape ``(d,)``; the posterior is Gaussian.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.models import conjugate
+      >>> design = jnp.array([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]])
+      >>> model = conjugate.gaussian_linear(design, jnp.array([1.0, 2.0, 2.5]))
+      >>> model.posterior.mean.round(4).tolist(), round(float(model.log_evidence), 4)
+      ([0.8, 0.7667], -4.8525)
     """
     X = jnp.asarray(design, float)
     y = jnp.asarray(targets, float)

@@ -71,6 +71,14 @@ def log_joint(x: ArrayLike, design: ArrayLike, y: ArrayLike) -> jax.Array:
       x: the coefficients ``beta`` (shape ``(p,)``) followed by ``log sigma``.
       design: ``X``, shape ``(n, p)``.
       y: responses, shape ``(n,)``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.models import flat_regression
+      >>> design = jnp.array([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]])
+      >>> x = jnp.array([1.0, 1.0, 0.0])   # beta = (1, 1), sigma = 1
+      >>> float(flat_regression.log_joint(x, design, jnp.array([1.0, 2.0, 3.5])))
+      -0.125
     """
     x = jnp.asarray(x)
     beta, log_sigma = x[:-1], x[-1]
@@ -80,13 +88,29 @@ def log_joint(x: ArrayLike, design: ArrayLike, y: ArrayLike) -> jax.Array:
 
 
 def longley_design() -> tuple[np.ndarray, np.ndarray]:
-    """``(X, y)`` of the NIST Longley problem: an intercept column and the six regressors."""
+    """``(X, y)`` of the NIST Longley problem: an intercept column and the six regressors.
+
+    Example:
+      >>> from jaxvb.models import flat_regression
+      >>> design, y = flat_regression.longley_design()
+      >>> design.shape, design[0, :2].tolist(), y.shape
+      ((16, 7), [1.0, 83.0], (16,))
+    """
     y, x = data.longley()
     return np.column_stack([np.ones(len(y)), x]), y
 
 
 def longley_log_joint():
-    """``log_joint(x)`` on the shipped Longley data; ``x`` has shape ``(8,)``."""
+    """``log_joint(x)`` on the shipped Longley data; ``x`` has shape ``(8,)``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.models import flat_regression
+      >>> log_joint = flat_regression.longley_log_joint()
+      >>> x = jnp.asarray(flat_regression.longley_reference().mean)
+      >>> round(float(log_joint(x)), 3)
+      -96.245
+    """
     design, y = longley_design()
 
     def lj(x):
@@ -96,7 +120,14 @@ def longley_log_joint():
 
 
 class GaussianMoments(NamedTuple):
-    """Means and standard deviations of a Gaussian, each of shape ``(d,)``."""
+    """Means and standard deviations of a Gaussian, each of shape ``(d,)``.
+
+    Example:
+      >>> from jaxvb.models import flat_regression
+      >>> ref = flat_regression.longley_reference()   # a GaussianMoments
+      >>> ref.mean.shape, ref.sd.shape
+      ((8,), (8,))
+    """
 
     mean: np.ndarray
     sd: np.ndarray
@@ -107,6 +138,14 @@ def longley_reference() -> GaussianMoments:
 
     See the module docstring: ``beta ~ N(B, SD^2)`` marginally, and ``log sigma`` has
     mean ``log s + 1/(2n)`` and variance ``1/(2n)``, with ``n = 16``.
+
+    Example:
+      >>> from jaxvb.models import flat_regression
+      >>> ref = flat_regression.longley_reference()
+      >>> round(float(ref.mean[1]), 4), round(float(ref.sd[1]), 4)   # GNP deflator
+      (15.0619, 84.9149)
+      >>> round(float(ref.mean[-1]), 4), round(float(ref.sd[-1]), 4)   # log sigma
+      (5.7511, 0.1768)
     """
     n = 16
     mean = np.array(

@@ -28,7 +28,15 @@ from jaxvb import data
 
 
 def constrained(x: ArrayLike) -> dict[str, jax.Array]:
-    """``mu, omega, alpha, beta`` from the unconstrained ``x``, shape ``(..., 4)``."""
+    """``mu, omega, alpha, beta`` from the unconstrained ``x``, shape ``(..., 4)``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.models import garch
+      >>> p = garch.constrained(jnp.array([0.0, jnp.log(0.01), 0.0, 0.0]))
+      >>> {name: round(float(v), 4) for name, v in p.items()}
+      {'mu': 0.0, 'omega': 0.01, 'alpha': 0.5, 'beta': 0.25}
+    """
     x = jnp.asarray(x)
     alpha = jax.nn.sigmoid(x[..., 2])
     beta = (1.0 - alpha) * jax.nn.sigmoid(x[..., 3])
@@ -41,6 +49,14 @@ def log_joint(x: ArrayLike, y: ArrayLike) -> jax.Array:
     Args:
       x: ``(mu, log omega, logit alpha, logit(beta / (1 - alpha)))``.
       y: returns, shape ``(T,)``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb import data
+      >>> from jaxvb.models import garch
+      >>> x = jnp.array([0.0, jnp.log(0.01), -2.0, 2.0])
+      >>> round(float(garch.log_joint(x, data.sv_gbpusd())), 3)
+      -1168.197
     """
     x = jnp.asarray(x)
     y = jnp.asarray(y, x.dtype)
@@ -70,7 +86,15 @@ def log_joint(x: ArrayLike, y: ArrayLike) -> jax.Array:
 
 
 def gbpusd_log_joint():
-    """``log_joint(x)`` on the shipped GBP/USD returns (the paper's series)."""
+    """``log_joint(x)`` on the shipped GBP/USD returns (the paper's series).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.models import garch
+      >>> log_joint = garch.gbpusd_log_joint()
+      >>> round(float(log_joint(jnp.array([0.0, jnp.log(0.01), -2.0, 2.0]))), 3)
+      -1168.197
+    """
     y = np.asarray(data.sv_gbpusd(), float)
 
     def lj(x):

@@ -43,7 +43,15 @@ def gram_cholesky(
     amplitude: float = AMPLITUDE,
     jitter: float = JITTER,
 ) -> np.ndarray:
-    """Lower Cholesky factor ``L`` of ``K + jitter a^2 I`` on ``years``, shape ``(n, n)``."""
+    """Lower Cholesky factor ``L`` of ``K + jitter a^2 I`` on ``years``, shape ``(n, n)``.
+
+    Example:
+      >>> import numpy as np
+      >>> from jaxvb.models import latent_gp
+      >>> chol = latent_gp.gram_cholesky(np.arange(3.0), length_scale=1.0)
+      >>> (chol @ chol.T)[0].round(4).tolist()   # exp(-d^2 / 2), plus the jitter
+      [1.0, 0.6065, 0.1353]
+    """
     t = np.asarray(years, float)
     gram = amplitude**2 * np.exp(-0.5 * ((t[:, None] - t[None, :]) / length_scale) ** 2)
     gram += jitter * amplitude**2 * np.eye(len(t))
@@ -58,6 +66,13 @@ def log_joint(x: ArrayLike, counts: ArrayLike, chol: ArrayLike, mean: float) -> 
       counts: yearly counts, shape ``(n,)``.
       chol: lower Cholesky factor of the prior covariance, shape ``(n, n)``.
       mean: the constant prior mean of ``f``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.models import latent_gp
+      >>> counts, chol, mean = latent_gp.coal_mining()
+      >>> round(float(latent_gp.log_joint(jnp.full(112, mean), counts, chol, mean)), 3)
+      333.884
     """
     x = jnp.asarray(x)
     chol = jnp.asarray(chol, x.dtype)
@@ -74,14 +89,29 @@ def log_joint(x: ArrayLike, counts: ArrayLike, chol: ArrayLike, mean: float) -> 
 
 
 def coal_mining() -> tuple[np.ndarray, np.ndarray, float]:
-    """``(counts, chol, mean)`` for the shipped coal-mining data and fixed hyperparameters."""
+    """``(counts, chol, mean)`` for the shipped coal-mining data and fixed hyperparameters.
+
+    Example:
+      >>> from jaxvb.models import latent_gp
+      >>> counts, chol, mean = latent_gp.coal_mining()
+      >>> counts.shape, chol.shape, round(mean, 4)   # mean = log(191 / 112)
+      ((112,), (112, 112), 0.5338)
+    """
     years, counts = data.coal_mining_disasters()
     mean = math.log(counts.sum() / len(counts))
     return counts.astype(float), gram_cholesky(years), mean
 
 
 def coal_mining_log_joint():
-    """``log_joint(x)`` on the shipped coal-mining data; ``x`` has shape ``(112,)``."""
+    """``log_joint(x)`` on the shipped coal-mining data; ``x`` has shape ``(112,)``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.models import latent_gp
+      >>> log_joint = latent_gp.coal_mining_log_joint()
+      >>> round(float(log_joint(jnp.full(112, jnp.log(191 / 112)))), 3)
+      333.884
+    """
     counts, chol, mean = coal_mining()
 
     def lj(x):
@@ -91,11 +121,29 @@ def coal_mining_log_joint():
 
 
 def whiten(f: ArrayLike, chol: ArrayLike, mean: float) -> np.ndarray:
-    """``v = L^{-1} (f - m)`` for ``f`` of shape ``(..., n)``."""
+    """``v = L^{-1} (f - m)`` for ``f`` of shape ``(..., n)``.
+
+    Example:
+      >>> import numpy as np
+      >>> from jaxvb.models import latent_gp
+      >>> chol = latent_gp.gram_cholesky(np.arange(3.0), length_scale=1.0)
+      >>> v = latent_gp.whiten(1.0 + chol[:, 1], chol, 1.0)   # f - m = L e_2
+      >>> np.allclose(v, [0.0, 1.0, 0.0])
+      True
+    """
     f = np.asarray(f) - mean
     return np.linalg.solve(np.asarray(chol), f.T).T
 
 
 def unwhiten(v: ArrayLike, chol: ArrayLike, mean: float) -> np.ndarray:
-    """``f = m + L v`` for ``v`` of shape ``(..., n)``."""
+    """``f = m + L v`` for ``v`` of shape ``(..., n)``.
+
+    Example:
+      >>> import numpy as np
+      >>> from jaxvb.models import latent_gp
+      >>> chol = latent_gp.gram_cholesky(np.arange(3.0), length_scale=1.0)
+      >>> f = latent_gp.unwhiten(np.array([0.0, 1.0, 0.0]), chol, 1.0)
+      >>> np.allclose(f, 1.0 + chol[:, 1]), np.allclose(latent_gp.whiten(f, chol, 1.0), [0, 1, 0])
+      (True, True)
+    """
     return mean + np.asarray(v) @ np.asarray(chol).T

@@ -38,6 +38,13 @@ def site_log_lik(f: ArrayLike, y: ArrayLike) -> jax.Array:
     ``log Phi((2 y - 1) f)`` through ``log_ndtr``, which stays accurate far in the lower
     tail (``log Phi(-40) ~ -804``) where ``log(ndtr(.))`` would give ``-inf``.
     Broadcasts over ``f`` and ``y``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.models import probit
+      >>> lp = probit.site_log_lik(jnp.array([0.0, 2.0, -40.0]), jnp.array([1.0, 0.0, 1.0]))
+      >>> [round(v, 4) for v in lp.tolist()]   # log 1/2, log Phi(-2), log Phi(-40)
+      [-0.6931, -3.7832, -804.6084]
     """
     f = jnp.asarray(f)
     return log_ndtr((2.0 * jnp.asarray(y, f.dtype) - 1.0) * f)
@@ -50,6 +57,15 @@ def log_joint(x: ArrayLike, design: ArrayLike, y: ArrayLike) -> jax.Array:
       x: regression coefficients, shape ``(M,)``.
       design: regressors ``v_i`` as rows, shape ``(N, M)``.
       y: binary responses, shape ``(N,)``.
+
+    Example:
+      At ``x = 0`` each of the 10 sites is ``log 1/2`` and the prior ``-log(2 pi)``:
+
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.models import probit
+      >>> design, y = jnp.ones((10, 2)), jnp.array([0.0, 1.0] * 5)
+      >>> round(float(probit.log_joint(jnp.zeros(2), design, y)), 4)
+      -8.7693
     """
     x = jnp.asarray(x)
     prior = -0.5 * (x @ x) - 0.5 * x.shape[-1] * math.log(2.0 * math.pi)
@@ -66,6 +82,16 @@ class FactorStructure(NamedTuple):
       prior_precision: shape ``(M, M)``; the identity in the paper.
       design: shape ``(N, M)``; row ``i`` is ``v_i``.
       y: shape ``(N,)``, the responses the sites condition on.
+
+    Example:
+      A batch of data sets is one ``FactorStructure`` with a leading axis:
+
+      >>> import jax
+      >>> from jaxvb.models import probit
+      >>> _, design, y = probit.simulate(jax.random.key(0), 3, num_obs=10, num_features=2)
+      >>> batch = jax.vmap(probit.factor_structure)(design, y)
+      >>> batch.prior_precision.shape, batch.design.shape, batch.y.shape
+      ((3, 2, 2), (3, 10, 2), (3, 10))
     """
 
     prior_precision: jax.Array
@@ -74,7 +100,15 @@ class FactorStructure(NamedTuple):
 
 
 def factor_structure(design: ArrayLike, y: ArrayLike) -> FactorStructure:
-    """The paper's model (prior ``N(0, I)``) in factor form; see :class:`FactorStructure`."""
+    """The paper's model (prior ``N(0, I)``) in factor form; see :class:`FactorStructure`.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.models import probit
+      >>> fs = probit.factor_structure(jnp.ones((4, 2)), jnp.array([0, 1, 1, 0]))
+      >>> fs.prior_precision.tolist(), fs.design.shape, fs.y.tolist()
+      ([[1.0, 0.0], [0.0, 1.0]], (4, 2), [0.0, 1.0, 1.0, 0.0])
+    """
     design = jnp.asarray(design)
     if not jnp.issubdtype(design.dtype, jnp.floating):
         design = design.astype(float)
@@ -103,6 +137,13 @@ def simulate(
     Returns:
       ``(beta_true, design, y)`` of shapes ``(D, M)``, ``(D, N, M)``, ``(D, N)``;
       ``y`` holds 0.0 and 1.0 in the default float dtype.
+
+    Example:
+      >>> import jax
+      >>> from jaxvb.models import probit
+      >>> beta, design, y = probit.simulate(jax.random.key(0), num_datasets=3)
+      >>> beta.shape, design.shape, y.shape, sorted(set(y.ravel().tolist()))
+      ((3, 5), (3, 100, 5), (3, 100), [0.0, 1.0])
     """
     d, n, m = num_datasets, num_obs, num_features
     k_beta, k_design, k_noise = jax.random.split(key, 3)
@@ -117,6 +158,12 @@ def rmse(mean: ArrayLike, beta_true: ArrayLike) -> jax.Array:
     """Root mean squared error over the ``M`` coefficients, ``(..., M) -> (...)``.
 
     One number per data set; the paper reports its average over data sets.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.models import probit
+      >>> probit.rmse(jnp.array([[1.0, 2.0], [0.0, 0.0]]), jnp.array([1.0, 0.0])).tolist()
+      [1.4142135623730951, 0.7071067811865476]
     """
     err = jnp.asarray(mean) - jnp.asarray(beta_true)
     return jnp.sqrt(jnp.mean(err**2, axis=-1))
@@ -127,6 +174,12 @@ def log_score(mean: ArrayLike, cov: ArrayLike, beta_true: ArrayLike) -> jax.Arra
 
     The paper's log score: the log density of the true coefficients under the
     approximation, which rewards a good variance as well as a good mean.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.models import probit
+      >>> round(float(probit.log_score(jnp.zeros(2), jnp.eye(2), jnp.zeros(2))), 4)   # -log 2 pi
+      -1.8379
     """
     mean, cov, beta_true = jnp.asarray(mean), jnp.asarray(cov), jnp.asarray(beta_true)
     m = mean.shape[-1]
