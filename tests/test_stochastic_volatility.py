@@ -310,3 +310,19 @@ def test_draw_jacobians_equal_jacfwd_through_the_sampler():
             own = own.at[:i].set(0.0)  # earlier draws do not depend on eta_i anyway
             np.testing.assert_allclose(direct[i], own, rtol=1e-12, atol=0)
         assert jnp.any(total[0][1] != 0) and jnp.all(direct[0][1] == 0)
+
+
+def test_a_draw_of_phi_that_rounds_to_one_leaves_the_fit_clean(gbpusd_fit):
+    """Key 134 once drew ``u`` = 1 (to float64) at step 5, where ``q(f | theta)`` is
+    singular: the step's statistics were NaN and the fit raised. ``phi`` is now kept
+    within 1e-6 of +-1 in ``q(f | theta)`` (bit-identical elsewhere: key 0 unchanged)."""
+    del gbpusd_fit  # compiled the default fit; this one reuses it
+    res = sv.fit(jaxvb.data.sv_gbpusd(), jax.random.key(134))
+    assert int(res.status) == 0 and int(res.first_nonfinite_step) == -1
+    y = jnp.asarray(sv.simulate(jax.random.key(5), 30, 0.9, 0.1, 0.8))
+    q = sv.initial_q(y)
+    for u in (1.0, 1.0 - 2.0**-53, 0.0):
+        mean, cov, _ = importlib.import_module("jaxvb.composite.hierarchical")._conditional(
+            q, jnp.array([u, 0.05])
+        )
+        assert jnp.all(jnp.isfinite(mean)) and jnp.all(jnp.isfinite(cov.band))

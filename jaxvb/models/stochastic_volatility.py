@@ -49,6 +49,8 @@ from jaxvb.linalg import Arrowhead
 #: Prior hyperparameters: ``(phi + 1) / 2 ~ Beta(PHI_A, PHI_B)``, ``s2 ~ Inv-Gamma(S2_A, S2_B)``.
 PHI_A, PHI_B = 20.0, 1.5
 S2_A, S2_B = 5.0, 0.25
+#: How close ``q(f | theta)`` lets ``|phi|`` come to 1 (see ``_ARPrior``).
+PHI_EDGE = 1e-6
 #: Moments of ``log chi^2_1``, for the initial sites (as in the authors' code).
 LOG_CHI2_MEAN = -1.2704
 LOG_CHI2_VAR = math.pi**2 / 2.0
@@ -189,13 +191,20 @@ def _s2_proper(eta):
 
 @dataclasses.dataclass(frozen=True)
 class _ARPrior:
-    """``theta -> (Q, logdet)``: the AR(1) prior precision of ``(v, log beta)``."""
+    """``theta -> (Q, logdet)``: the AR(1) prior precision of ``(v, log beta)``.
+
+    ``phi`` is kept within ``PHI_EDGE`` of +-1. At ``|phi| = 1`` the prior loses the
+    level of ``v``, which the sites cannot pin apart from ``log beta``, so ``q(f | theta)``
+    is singular; within ~1e-16 of it (an early ``q(u)`` iterate can draw ``u`` that
+    rounds to 1) its factorisation fails in float64. The clip changes ``q(f | theta)``
+    only where ``|phi| > 1 - 1e-6``, which no sane ``q(u)`` reaches but by rounding.
+    """
 
     T: int
 
     def __call__(self, theta):
         u, s2 = theta[0], theta[1]
-        phi = _phi(u)
+        phi = jnp.clip(_phi(u), -1.0 + PHI_EDGE, 1.0 - PHI_EDGE)
         t = self.T
         dtype = theta.dtype
         diag = jnp.full((t,), 1.0 + phi**2, dtype).at[0].set(1.0).at[-1].set(1.0) / s2
