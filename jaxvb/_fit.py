@@ -32,7 +32,6 @@ from jaxvb.families._base import ExponentialFamily, is_concrete
 from jaxvb.families.gaussian import Gaussian
 from jaxvb.families.mixture import GaussianMixture
 from jaxvb.methods import Method, gradient, hessian, mixture, regression, sites
-from jaxvb.structure import Minibatch
 
 
 class Status(enum.IntFlag):
@@ -571,8 +570,8 @@ def _fit(
         return jnp.asarray(log_joint(x)).astype(dtype)
 
     key_batch = None
-    # A Minibatch, or any log joint with its batch(key, step) (e.g. jaxvb.numpyro's).
-    if isinstance(log_joint, Minibatch) or callable(getattr(log_joint, "batch", None)):
+    # A log joint with batch(key, step): jaxvb.Minibatch, or jaxvb.numpyro's.
+    if callable(getattr(log_joint, "batch", None)):
         key, key_batch = jax.random.split(key)
     key_init, key_fit, key_eval = jax.random.split(key, 3)
     key_progress = jax.random.fold_in(key_eval, 2)  # never used by the iteration

@@ -329,14 +329,11 @@ class Hierarchical(ExponentialFamily):
             ok = ok & b.is_proper
         return ok
 
-    def draw_scalars(self, keys, etas=None, hold=None):
-        """The scalar draws ``theta`` from per-block noise, optionally at other ``etas``."""
+    def draw_scalars(self, keys):
+        """The scalar draws ``theta`` from per-block noise."""
         theta = jnp.zeros((0,), self.dtype)
         for i, b in enumerate(self.scalars):
-            eta = None if etas is None else etas[i]
-            x = b.given(theta, eta).from_noise(keys[i]).astype(self.dtype)
-            if hold is not None and i > hold:
-                x = jax.lax.stop_gradient(x)
+            x = b.given(theta).from_noise(keys[i]).astype(self.dtype)
             theta = jnp.concatenate([theta, x[None]])
         return theta
 
