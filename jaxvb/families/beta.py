@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxvb._gamma import log_standard_gamma
 from jaxvb._special import betaln
 from jaxvb.families._base import (
     Array,
@@ -20,7 +21,8 @@ class Beta(ScalarFamily):
 
     ``log q(x) = (a - 1) log x + (b - 1) log(1 - x) - log B(a, b)``, with
     ``T(x) = (log x, log(1 - x))``, ``eta = (a - 1, b - 1)`` and ``U(eta) = log B(a, b)``.
-    Draws use ``jax.random.beta`` (ratios of reparameterised gamma draws).
+    A draw is ``g_a / (g_a + g_b)`` for reparameterised ``g ~ Gamma(a), Gamma(b)``
+    (:func:`jaxvb._gamma.log_standard_gamma`, both at once, in log space).
 
     Args:
       concentration1: ``a > 0``, the exponent of ``x``.
@@ -51,12 +53,15 @@ class Beta(ScalarFamily):
         return key
 
     def from_noise(self, noise):
-        x = jax.random.beta(
-            noise, self.concentration1, self.concentration0, dtype=self.dtype
+        a, b = jnp.broadcast_arrays(
+            jnp.asarray(self.concentration1, self.dtype),
+            jnp.asarray(self.concentration0, self.dtype),
         )
-        # jax.random.beta rounds draws within eps of 0 or 1 to exactly 0 or 1 (seen
-        # for Beta(20, 1.5) in float64, ~1 in 40 runs of 250 draws), where log x or
-        # log(1 - x) is -inf. Keep them in the open interval.
+        log_g = log_standard_gamma(noise, jnp.stack([a, b]))
+        x = jax.nn.sigmoid(log_g[0] - log_g[1])
+        # Draws within eps of 0 or 1 round to exactly 0 or 1 (seen for Beta(20, 1.5)
+        # in float64, ~1 in 40 runs of 250 draws), where log x or log(1 - x) is -inf.
+        # Keep them in the open interval.
         eps = jnp.finfo(x.dtype).eps
         return jnp.clip(x, jnp.finfo(x.dtype).tiny, 1.0 - eps / 2)
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax.scipy.special import gammaln
 
+from jaxvb._gamma import standard_gamma
 from jaxvb.families._base import (
     Array,
     ScalarFamily,
@@ -20,7 +20,8 @@ class Gamma(ScalarFamily):
 
     ``log q(x) = (a - 1) log x - b x + a log b - log Gamma(a)`` for ``x > 0``, with
     ``T(x) = (log x, -x)``, ``eta = (a - 1, b)`` and ``U(eta) = log Gamma(a) - a log b``.
-    Draws use ``jax.random.gamma``, which is reparameterised (implicit differentiation).
+    Draws are reparameterised by implicit differentiation
+    (:func:`jaxvb._gamma.standard_gamma`).
 
     Args:
       concentration: shape parameter(s) ``a > 0``.
@@ -52,7 +53,9 @@ class Gamma(ScalarFamily):
         return key
 
     def from_noise(self, noise):
-        return jax.random.gamma(noise, self.concentration, dtype=self.dtype) / self.rate
+        return (
+            standard_gamma(noise, jnp.asarray(self.concentration, self.dtype)) / self.rate
+        )
 
     def in_support(self, x):
         return jnp.all(x > 0)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax.scipy.special import gammaln
 
+from jaxvb._gamma import standard_gamma
 from jaxvb.families._base import (
     Array,
     ScalarFamily,
@@ -20,8 +20,8 @@ class InverseGamma(ScalarFamily):
 
     ``log q(x) = -(a + 1) log x - b / x + a log b - log Gamma(a)`` for ``x > 0``, with
     ``T(x) = (-log x, -1/x)``, ``eta = (a + 1, b)`` and ``U(eta) = log Gamma(a) - a log b``.
-    A draw is ``scale / g`` with ``g ~ Gamma(a, 1)``, reparameterised through
-    ``jax.random.gamma``.
+    A draw is ``scale / g`` with ``g ~ Gamma(a, 1)``, reparameterised
+    (:func:`jaxvb._gamma.standard_gamma`).
 
     Args:
       concentration: shape parameter(s) ``a > 0``.
@@ -53,7 +53,9 @@ class InverseGamma(ScalarFamily):
         return key
 
     def from_noise(self, noise):
-        return self.scale / jax.random.gamma(noise, self.concentration, dtype=self.dtype)
+        return self.scale / standard_gamma(
+            noise, jnp.asarray(self.concentration, self.dtype)
+        )
 
     def in_support(self, x):
         return jnp.all(x > 0)

@@ -26,8 +26,8 @@ regression that leaves its solution, the natural parameters, unchanged
 
     C^ = d/dphi T(s(phi, z*)),    g^ = d/dphi log p(s(phi, z*)),    eta = C^{-1} g.
 
-Gamma, Beta and InverseGamma draws are differentiated through ``jax.random.gamma`` /
-``jax.random.beta``, whose derivatives in the concentration are the implicit
+Gamma, Beta and InverseGamma draws are differentiated through
+:mod:`jaxvb._gamma`, whose derivatives in the concentration are the implicit
 (inverse-transform) ones of eq. invtrans: the sampler itself is a rejection sampler,
 which, as the paper notes, does not matter.
 """

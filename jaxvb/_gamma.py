@@ -1,0 +1,182 @@
+r"""Standard gamma draws with implicit reparameterisation gradients, vectorised.
+
+Why not ``jax.random.gamma``: on CPU (jax 0.10) it loops over the elements with
+``lax.map``, once to sample and once more for the derivative, and that derivative
+(``lax.random_gamma_grad``) runs a series and a continued fraction in ``while`` loops
+whose length grows like ``sqrt(a)``: 10--25 us per scalar at the shapes of the
+stochastic-volatility fit, about a third of its time. Here both are branch-free array
+code over all elements at once.
+
+Draws: Marsaglia & Tsang (2000), ``num_candidates`` proposals per element drawn at once
+and the first accepted one kept; the rare element with none accepted (probability
+below ``0.05 ** num_candidates`` for ``a >= 1``) draws again in a ``while`` loop, so the
+draws are exact. ``a < 1`` is boosted: ``G(a) = G(a + 1) U^(1/a)``, in log space.
+
+Derivative: the paper's section 5.2 remark -- any sampler will do, and the draw is then
+differentiated *as if* by inverse transform (Figurnov et al. 2018's implicit
+reparameterisation): ``dx/da = -dP(a, x)/da / p(x; a)``. With ``t = a e^w`` and
+``phi(w) = a (w - e^w)`` the density of ``w`` is ``exp(phi(w) + const)``, so
+
+    d log x / d a = -int_{-inf}^{w_x} (log a - psi(a) + w) exp(phi(w) - phi(w_x)) dw
+                  = +int_{w_x}^{inf}  (same integrand) dw        (the integrand's total is 0).
+
+The side away from the mode is integrated by 48-point Gauss--Legendre over a range
+that holds all but ``e^-40`` of it; for ``x < a < 10``, where the left tail is long in
+``w``, the series of ``P(a, x)`` (64 terms, as ``jax.lax`` does but unrolled) is used
+instead. Relative error against ``mpmath`` is below ``1e-10`` for ``a`` in
+``[0.05, 1e6]`` at every quantile tested (``tests/test_families.py``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import digamma
+
+_NODES, _WEIGHTS = np.polynomial.legendre.leggauss(48)
+_NODES = (_NODES + 1.0) / 2.0  # on [0, 1]
+_WEIGHTS = _WEIGHTS / 2.0
+_SERIES_TERMS = 64
+_SERIES_BELOW = 10.0  # x < a < this: the series, else quadrature
+
+
+def _log_a_minus_digamma(a):
+    """``log a - psi(a)``; its asymptotic series where the difference cancels."""
+    big = jnp.maximum(a, _SERIES_BELOW)
+    r = 1.0 / (big * big)
+    series = 0.5 / big + r * (
+        1.0 / 12.0 - r * (1.0 / 120.0 - r * (1.0 / 252.0 - r * (1.0 / 240.0 - r / 132.0)))
+    )
+    small = jnp.minimum(a, _SERIES_BELOW)
+    return jnp.where(a >= _SERIES_BELOW, series, jnp.log(small) - digamma(small))
+
+
+def _quadrature(a, w_x, lo, hi):
+    """``int_lo^hi (log a - psi(a) + w) exp(phi(w) - phi(w_x)) dw``, elementwise."""
+    nodes = jnp.asarray(_NODES, a.dtype)
+    weights = jnp.asarray(_WEIGHTS, a.dtype)
+    w = lo[..., None] + (hi - lo)[..., None] * nodes
+    d = w - w_x[..., None]
+    # phi(w) - phi(w_x) = a (d - e^{w_x} (e^d - 1)), without cancellation near d = 0.
+    expo = a[..., None] * (d - jnp.exp(w_x)[..., None] * jnp.expm1(d))
+    f = _log_a_minus_digamma(a)[..., None] + w
+    return jnp.sum(weights * f * jnp.exp(expo), axis=-1) * (hi - lo)
+
+
+def _series(a, log_x):
+    """``d log x / d a`` from the series of ``P(a, x)`` (for ``x < a < 10``)."""
+    k = jnp.arange(1, _SERIES_TERMS, dtype=a.dtype)
+    log_ratio = log_x[..., None] - jnp.log(a[..., None] + k)  # log(x / (a + k))
+    c = jnp.exp(jnp.cumsum(log_ratio, axis=-1))  # c_n = prod_{k <= n} x / (a + k)
+    dc = -c * jnp.cumsum(1.0 / (a[..., None] + k), axis=-1)  # d c_n / d a
+    ans = 1.0 + jnp.sum(c, axis=-1)
+    dans = jnp.sum(dc, axis=-1)
+    # P(a, x) = x^a e^-x / Gamma(a + 1) * ans, and p(x; a) = x^(a-1) e^-x / Gamma(a).
+    return -(dans + ans * (log_x - digamma(a + 1.0))) / a
+
+
+def log_sample_derivative(a, log_x):
+    """``d log x / d a`` for a standard gamma draw ``x`` of shape ``a`` (implicit)."""
+    a = jnp.asarray(a)
+    log_x = jnp.asarray(log_x, a.dtype)
+    a, log_x = jnp.broadcast_arrays(a, log_x)
+    w_x = log_x - jnp.log(a)
+    sqrt_a = jnp.sqrt(a)
+    below = w_x < 0.0
+    # Ranges outside which the exponent E(d) = a d - x (e^d - 1), d = w - w_x, is below
+    # about -45 (E is concave with its maximum on the other side, so it only falls).
+    # Left (x < a, a >= 10 here): Gaussian of sd 1/sqrt(a) near the mode, exponential of
+    # rate a - x beyond. Right (x >= a): E <= -x d^2 / 2 gives sqrt(100 / x), and
+    # E <= -x (e^d - 1 - d) the logarithmic bound that is shorter when x is small.
+    x = jnp.exp(log_x)
+    left = -jnp.maximum(10.0 / sqrt_a, 45.0 / a)
+    right = jnp.minimum(jnp.sqrt(100.0 / x), 1.1 * jnp.log1p(60.0 / x) + 1.0)
+    w_safe = jnp.where(below, w_x, 0.0)
+    left_part = -_quadrature(a, w_safe, w_safe + left, w_safe)
+    w_right = jnp.where(below, 0.0, w_x)
+    right_part = _quadrature(a, w_right, w_right, w_right + right)
+    use_series = below & (a < _SERIES_BELOW)
+    series = _series(jnp.where(use_series, a, 1.0), jnp.where(use_series, log_x, -1.0))
+    return jnp.where(below, jnp.where(use_series, series, left_part), right_part)
+
+
+@jax.custom_jvp
+def _reparameterised(a, log_x):
+    """``log_x`` (a draw at ``a``), with the implicit derivative in ``a``."""
+    return log_x
+
+
+@_reparameterised.defjvp
+def _reparameterised_jvp(primals, tangents):
+    a, log_x = primals
+    a_dot, _ = tangents  # log_x is a draw: no tangent of its own
+    return log_x, log_sample_derivative(a, log_x) * a_dot
+
+
+def _marsaglia_tsang(key, a, num_candidates):
+    """Log draws of ``Gamma(a)`` for ``a >= 1`` and whether each was accepted."""
+    d = a - 1.0 / 3.0
+    c = 1.0 / jnp.sqrt(9.0 * d)
+    k_z, k_u = jax.random.split(key)
+    shape = (num_candidates,) + a.shape
+    z = jax.random.normal(k_z, shape, a.dtype)
+    log_u = jnp.log(jax.random.uniform(k_u, shape, a.dtype))
+    v = 1.0 + c * z  # the draw is d v^3, for v > 0
+    log_v = jnp.log(jnp.where(v > 0, v, 1.0))
+    ok = (v > 0) & (log_u < 0.5 * z * z + d - d * v**3 + 3.0 * d * log_v)
+    first = jnp.argmax(ok, axis=0)
+    picked = jnp.take_along_axis(log_v, first[None], axis=0)[0]
+    return jnp.log(d) + 3.0 * picked, jnp.any(ok, axis=0)
+
+
+def log_standard_gamma(key, a, num_candidates: int = 4):
+    """``log`` of draws of ``Gamma(a, 1)``, shape of ``a``, reparameterised in ``a``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxvb._gamma import log_standard_gamma
+      >>> a = jnp.array([0.5, 3.0, 300.0])
+      >>> log_x = log_standard_gamma(jax.random.key(0), a)
+      >>> log_x.shape, bool(jnp.all(jnp.isfinite(log_x)))
+      ((3,), True)
+      >>> d = jax.grad(lambda a: log_standard_gamma(jax.random.key(0), a).sum())(a)
+      >>> bool(jnp.all(d > 0))   # larger shapes, larger draws
+      True
+    """
+    a = jnp.asarray(a)
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+        a = a.astype(float)
+    alpha = jax.lax.stop_gradient(a)
+    boost = alpha < 1.0
+    a1 = jnp.where(boost, alpha + 1.0, alpha)
+    k_first, k_more, k_boost = jax.random.split(key, 3)
+    log_x, found = _marsaglia_tsang(k_first, a1, num_candidates)
+
+    def more(carry):
+        k, log_x, found = carry
+        k, sub = jax.random.split(k)
+        new, new_found = _marsaglia_tsang(sub, a1, num_candidates)
+        take = ~found & new_found
+        return k, jnp.where(take, new, log_x), found | new_found
+
+    _, log_x, _ = jax.lax.while_loop(
+        lambda carry: ~jnp.all(carry[2]), more, (k_more, log_x, found)
+    )
+    # Gamma(a) = Gamma(a + 1) U^(1/a); log U = log1p(-U') keeps U > 0.
+    log_u = jnp.log1p(-jax.random.uniform(k_boost, a.shape, a.dtype))
+    log_x = jnp.where(boost, log_x + log_u / alpha, log_x)
+    return _reparameterised(a, jax.lax.stop_gradient(log_x))
+
+
+def standard_gamma(key, a, num_candidates: int = 4):
+    """Draws of ``Gamma(a, 1)``, reparameterised in ``a``; ``exp`` of the log draws.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxvb._gamma import standard_gamma
+      >>> x = standard_gamma(jax.random.key(0), jnp.full((20000,), 4.0))
+      >>> abs(float(x.mean()) - 4.0) < 0.05   # mean a, sd sqrt(a / 20000) = 0.014
+      True
+    """
+    return jnp.exp(log_standard_gamma(key, a, num_candidates))
