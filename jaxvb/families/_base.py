@@ -234,6 +234,24 @@ class ExponentialFamily:
         """Any point inside the support, used to keep masked branches finite."""
         return self.mean
 
+    def kl_divergence(self, other: ExponentialFamily) -> Array:
+        """``KL(self || other)`` for two members of the same family.
+
+        ``U(eta_o) - U(eta_s) - (eta_o - eta_s) . E_s[T]``: one gradient of ``U``.
+
+        Example:
+          >>> import jaxvb
+          >>> p, q = jaxvb.Gamma(2.0, 1.0), jaxvb.Gamma(3.0, 2.0)
+          >>> round(float(p.kl_divergence(q)), 6), float(p.kl_divergence(p))
+          (0.190921, 0.0)
+        """
+        eta_s, eta_o = self.natural_params, other.natural_params
+        return (
+            self._log_normalizer(eta_o)
+            - self.log_normalizer
+            - (eta_o - eta_s) @ self.mean_sufficient_stats
+        )
+
     @property
     def entropy(self) -> Array:
         """H[q] = U(eta) - eta . E[T] - E[log nu]."""

@@ -33,6 +33,11 @@ class Method(NamedTuple):
         update from fresh draws must give ``q`` back; ``Status.NOT_CONVERGED``). It
         needs ``estimate``'s ``x`` to be draws of ``q``; a Rao-Blackwellised method whose
         ``x`` is not (e.g. a conditional mean) turns it off.
+      step_ok: ``None``, or ``step_ok(q, q_new) -> bool``: whether a proper update is
+        close enough to ``q`` to take whole. ``fit``'s step control halves the step of
+        an update that is not (as of an improper one) and, after ``max_backtracks``
+        halvings, takes the last proper one. A trust region against the rare huge
+        update of a noisy single-draw estimate (:func:`jaxvb.composite.hierarchical`).
 
     Example:
       The factories of :mod:`jaxvb.methods` build them; ``fit`` takes any ``Method``:
@@ -56,6 +61,7 @@ class Method(NamedTuple):
     min_draws: Callable[[Any], int]
     bind: Callable[[Any], Method] | None = None
     check_fixed_point: bool = True
+    step_ok: Callable[[Any, Any], Any] | None = None
 
 
 def value_grad_hessian(log_joint: Callable) -> Callable:
