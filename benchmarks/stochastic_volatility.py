@@ -115,6 +115,10 @@ FULL = dict(
     scaling_variants=("no_diagnostics", "diagnostics"),
     # Fewer repeats where one fit takes long; T = 10^6 is expected at minutes per fit.
     scaling_repeats={10**3: 7, 10**4: 5, 10**5: 3, 10**6: 1},
+    # Where each equation's iteration settles: its own bias, apart from the noise of a
+    # 250-step fit.
+    converged_fits=3,
+    converged_steps=2000,
 )
 QUICK = dict(
     equations=("svapprox",),
@@ -126,6 +130,8 @@ QUICK = dict(
     scaling_T=(945, 1890),
     scaling_variants=("diagnostics",),
     scaling_repeats={945: 3, 1890: 3},
+    converged_fits=1,
+    converged_steps=NUM_STEPS,  # the code path only: reuses the compiled fit
 )
 SAMPLE_CHUNK = 20_000  # draws of q per call (each carries a (chunk, T) array of v)
 
@@ -357,22 +363,27 @@ def compare_volatility(v, ref) -> dict:
     return out
 
 
-def accuracy(y, ref, equation: str, settings: dict):
+def accuracy(y, ref, equation: str, settings: dict, converged: bool = False):
     """Several fits with different keys, each summarised from draws of its ``q``.
 
     A fit that ``sv.fit`` would reject (an error flag in its status) is recorded with its
-    explanation and left out of the comparisons with NUTS.
+    explanation and left out of the comparisons with NUTS. With ``converged``, the
+    ``converged_fits`` fits run ``converged_steps`` steps (keys 300, ...).
     """
     fits, failed, draws0, v0 = [], [], None, None
-    for i in range(settings["accuracy_fits"]):
+    num_fits = settings["converged_fits" if converged else "accuracy_fits"]
+    num_steps = settings["converged_steps"] if converged else NUM_STEPS
+    first_key = 300 if converged else 100
+    for i in range(num_fits):
         fit = sv.fit(
             y,
-            jax.random.key(100 + i),
+            jax.random.key(first_key + i),
+            num_steps=num_steps,
             indirect_effects=EQUATIONS[equation],
             on_failure="ignore",
         )
         if int(fit.status) & int(ERROR_FLAGS):
-            failed.append(dict(key=100 + i, **status_record(fit)))
+            failed.append(dict(key=first_key + i, **status_record(fit)))
             continue
         draws, v = draw_posterior(
             fit, jax.random.key(200 + i), settings["num_draws"], settings["num_v_draws"]
@@ -380,7 +391,7 @@ def accuracy(y, ref, equation: str, settings: dict):
         summary = summarise(draws)
         fits.append(
             dict(
-                key=100 + i,
+                key=first_key + i,
                 **status_record(fit),
                 elbo=float(fit.elbo),
                 log_evidence=float(fit.log_evidence),
@@ -431,6 +442,7 @@ def accuracy(y, ref, equation: str, settings: dict):
     ]
     v_max = [f["volatility_vs_nuts"]["mean"]["max_abs_error_in_nuts_sd"] for f in fits]
     record = dict(
+        num_steps=num_steps,
         num_fits=len(fits) + len(failed),
         num_failed=len(failed),
         failed=failed,
@@ -688,21 +700,45 @@ def plot_scaling(path: Path, scaling: dict):
 # --- report --------------------------------------------------------------------------------
 
 
-def targets(speed, acc, ref, scaling) -> dict:
-    base = speed["svapprox"]["diagnostics"]
+def targets(speed, acc, ref, scaling, converged=None) -> dict:
+    # The paper's 0.5 s is its 250 iterations; sv.fit's default diagnostics (200 more
+    # draws of q, two O(T) scans each) come on top, so both are reported and the
+    # target is read on the iterations.
+    rows = speed["svapprox"]
+    no_diag = rows.get("no_diagnostics")
+    with_diag = rows.get("diagnostics")
+    base = no_diag or with_diag
     ms = 1e3 * base["run"]["median_s"]
-    no_diag = speed["svapprox"].get("no_diagnostics")
     speedup = ref["wall_s"] / base["run"]["median_s"]
     over = acc["svapprox"]["over_fits"]
     mean_err = {k: over[k]["mean_error_in_nuts_sd"]["max_abs"] for k in PARAMS}
     sd_err = {k: over[k]["sd_ratio"]["max_abs_deviation"] for k in PARAMS}
     slope = scaling.get("log_log_slope", {}).get("no_diagnostics") if scaling else None
+    settled = None
+    if converged:
+        settled = {
+            eq: dict(
+                num_steps=c["num_steps"],
+                num_fits=c["num_fits"],
+                mean_error_in_nuts_sd={
+                    k: c["over_fits"][k]["mean_error_in_nuts_sd"]["median"] for k in PARAMS
+                },
+                sd_ratio={k: c["over_fits"][k]["sd_ratio"]["median"] for k in PARAMS},
+            )
+            for eq, c in converged.items()
+        }
+    mc_error = {k: p["mean_mc_error"] / p["sd"] for k, p in ref["params"].items()}
     out = dict(
         fit_after_compile_ms=dict(
             target=f"<= {TARGETS['fit_ms']:g} ms: 945 points, 250 steps, eq. svapprox, "
-            f"sv.fit's default {NUM_EVAL_DRAWS}-draw diagnostics, median after compile",
+            "median after compile, the iterations alone (as the paper's 0.5 s)"
+            if no_diag
+            else f"<= {TARGETS['fit_ms']:g} ms (quick run: timed with diagnostics)",
             value=ms,
-            without_diagnostics_ms=1e3 * no_diag["run"]["median_s"] if no_diag else None,
+            with_default_diagnostics_ms=(
+                1e3 * with_diag["run"]["median_s"] if with_diag else None
+            ),
+            default_diagnostic_draws=NUM_EVAL_DRAWS,
             met=ms <= TARGETS["fit_ms"],
         ),
         speedup_vs_nuts=dict(
@@ -723,6 +759,10 @@ def targets(speed, acc, ref, scaling) -> dict:
                 for k in PARAMS
             },
             failed_fits=acc["svapprox"]["num_failed"],
+            # Where the iterations settle (median over longer fits): the equation's
+            # own bias, which no number of 250-step fits can beat.
+            settled=settled,
+            nuts_mean_mc_error_in_sd=mc_error,
             met=all(abs(e) <= TARGETS["mean_error_sd"] for e in mean_err.values())
             and acc["svapprox"]["num_failed"] == 0,
         ),
@@ -786,6 +826,13 @@ def print_summary(report: dict):
             f"{vol['q05']['max_abs_error_in_nuts_sd']:.3f}/"
             f"{vol['q95']['max_abs_error_in_nuts_sd']:.3f} sd"
         )
+    for eq, c in (report.get("converged") or {}).items():
+        errs = ", ".join(
+            f"{k} {c['over_fits'][k]['mean_error_in_nuts_sd']['median']:+.3f} sd / "
+            f"sd x{c['over_fits'][k]['sd_ratio']['median']:.3f}"
+            for k in PARAMS
+        )
+        print(f"{eq:9s} settled ({c['num_steps']} steps, {c['num_fits']} fits): {errs}")
     if report.get("scaling"):
         print("\n== scaling (simulated; seconds per fit after compile, peak RSS MB) ==")
         for r in report["scaling"]["rows"]:
@@ -898,7 +945,13 @@ def main(argv=None):
             environment=env,
             load_average_after_speed=load_after_speed,
             speed=speed,
-            targets=targets(speed, report["accuracy"], ref, report["scaling"]),
+            targets=targets(
+                speed,
+                report["accuracy"],
+                ref,
+                report["scaling"],
+                report.get("converged"),
+            ),
             speed_retimed_alone=True,
         )
         path.write_text(json.dumps(report, indent=1))
@@ -912,6 +965,10 @@ def main(argv=None):
         acc[eq], plotted[eq], v = accuracy(y, ref, eq, settings)
         if eq == "svapprox":
             v_first = v
+    converged = {}
+    for eq in settings["equations"]:
+        converged[eq] = accuracy(y, ref, eq, settings, converged=True)[0]
+        del converged[eq]["fits"]  # the spread over fits says it all here
     plot_posteriors(out / "stochastic_volatility_posteriors.png", ref, plotted)
     plot_volatility(out / "stochastic_volatility_volatility.png", y, ref, v_first)
 
@@ -947,8 +1004,9 @@ def main(argv=None):
         nuts=nuts,
         speed=speed,
         accuracy=acc,
+        converged=converged,
         scaling=scaling,
-        targets=targets(speed, acc, ref, scaling),
+        targets=targets(speed, acc, ref, scaling, converged),
     )
     path = out / "stochastic_volatility.json"
     path.write_text(json.dumps(report, indent=1))
