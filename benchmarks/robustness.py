@@ -1,4 +1,4 @@
-"""Algorithm 2 from a new user's start and from the Laplace start, on four real posteriors.
+"""Algorithm 2 from a new user's start and from the Laplace start, on five real posteriors.
 
 Issue 3: "Algorithm 2 started far from the posterior can diverge ... from any start the
 Hessian method keeps the running precision positive definite ... or returns a flagged

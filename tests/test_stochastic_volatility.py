@@ -292,20 +292,27 @@ def test_draw_jacobians_equal_jacfwd_through_the_sampler():
     )  # phi-dependent
     q = dataclasses.replace(q, scalars=(q.scalars[0], q_s2))
     etas = tuple(b.eta for b in q.scalars)
+    # Jitted once: eagerly, every op of the samplers would compile on its own.
+    linearised = jax.jit(
+        lambda q, noise, total: q.draw_scalars_and_jacobians(noise, total=total),
+        static_argnums=2,
+    )
+    draw = jax.jit(lambda q, noise: q.draw_scalars(noise))
+
+    def draws(eta_i, noise, i):
+        block = dataclasses.replace(q.scalars[i], eta=eta_i)
+        scalars = q.scalars[:i] + (block,) + q.scalars[i + 1 :]
+        return dataclasses.replace(q, scalars=scalars).draw_scalars(noise)
+
+    jacobian = jax.jit(jax.jacfwd(draws), static_argnums=2)
     for seed in range(3):
         noise = jax.random.split(jax.random.key(seed), q.num_scalars)
-        theta, direct = q.draw_scalars_and_jacobians(noise)
-        theta_t, total = q.draw_scalars_and_jacobians(noise, total=True)
-        np.testing.assert_array_equal(theta, q.draw_scalars(noise))
+        theta, direct = linearised(q, noise, False)
+        theta_t, total = linearised(q, noise, True)
+        np.testing.assert_array_equal(theta, draw(q, noise))
         np.testing.assert_array_equal(theta_t, theta)
         for i in range(q.num_scalars):
-
-            def draws(eta_i, i=i, noise=noise):
-                block = dataclasses.replace(q.scalars[i], eta=eta_i)
-                scalars = q.scalars[:i] + (block,) + q.scalars[i + 1 :]
-                return dataclasses.replace(q, scalars=scalars).draw_scalars(noise)
-
-            reference = jax.jacfwd(draws)(etas[i])
+            reference = jacobian(etas[i], noise, i)
             np.testing.assert_allclose(total[i], reference, rtol=1e-12)
             # Direct: only the block's own draw moves (earlier ones do not depend on
             # eta_i; the later ones are held).
