@@ -152,6 +152,10 @@ def log_standard_gamma(key, a, num_candidates: int = 4):
     a1 = jnp.where(boost, alpha + 1.0, alpha)
     k_first, k_more, k_boost = jax.random.split(key, 3)
     log_x, found = _marsaglia_tsang(k_first, a1, num_candidates)
+    # A shape that is not positive (or NaN) is never accepted: mark it done, so the
+    # retry loop ends, and give it a NaN draw.
+    valid = alpha > 0
+    found = found | ~valid
 
     def more(carry):
         k, log_x, found = carry
@@ -166,6 +170,7 @@ def log_standard_gamma(key, a, num_candidates: int = 4):
     # Gamma(a) = Gamma(a + 1) U^(1/a); log U = log1p(-U') keeps U > 0.
     log_u = jnp.log1p(-jax.random.uniform(k_boost, a.shape, a.dtype))
     log_x = jnp.where(boost, log_x + log_u / alpha, log_x)
+    log_x = jnp.where(valid, log_x, jnp.nan)
     return _reparameterised(a, jax.lax.stop_gradient(log_x))
 
 

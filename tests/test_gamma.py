@@ -99,3 +99,10 @@ def test_float32():
     assert log_x.dtype == d.dtype == jnp.float32
     ref = jax.lax.random_gamma_grad(a, jnp.exp(log_x)) / jnp.exp(log_x)
     np.testing.assert_allclose(d, ref, rtol=2e-4)
+
+
+def test_shapes_that_are_not_positive_give_nan_and_do_not_hang():
+    a = jnp.array([2.0, 0.0, -1.5, jnp.nan, 0.5])
+    log_x = _log_draw(jax.random.key(0), a, 4)
+    assert np.all(np.isfinite(np.asarray(log_x)[[0, 4]]))
+    assert np.all(np.isnan(np.asarray(log_x)[1:4]))
