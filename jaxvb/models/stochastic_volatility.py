@@ -302,6 +302,11 @@ def initial_q(y: jax.Array) -> Hierarchical:
     return Hierarchical(scalars=(q_u, q_s2), gaussian=gaussian)
 
 
+@partial(jax.jit, static_argnums=2)
+def _draw(q, key, n):
+    return q.sample(key, (n,))
+
+
 @partial(jax.tree_util.register_dataclass, data_fields=["result"], meta_fields=[])
 @dataclasses.dataclass(frozen=True)
 class SVFit:
@@ -335,8 +340,13 @@ class SVFit:
         return getattr(self.result, name)
 
     def sample(self, key: jax.Array, n: int) -> dict[str, jax.Array]:
-        """``n`` joint draws: ``phi (n,)``, ``s2 (n,)``, ``beta (n,)``, ``v (n, T)``."""
-        x = self.result.q.sample(key, (n,))
+        """``n`` joint draws: ``phi (n,)``, ``s2 (n,)``, ``beta (n,)``, ``v (n, T)``.
+
+        Compiled once per ``(q, n)`` structure: run eagerly, every op of the samplers
+        and scans would dispatch on its own (4 s for 1000 draws at ``T = 945``, against
+        ~50 ms compiled).
+        """
+        x = _draw(self.result.q, key, int(n))
         return {
             "phi": _phi(x[:, 0]),
             "s2": x[:, 1],
