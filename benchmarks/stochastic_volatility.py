@@ -294,11 +294,6 @@ def memory_analysis(y, **kw) -> dict:
 # --- accuracy ------------------------------------------------------------------------------
 
 
-@partial(jax.jit, static_argnames="n")
-def _sample(fit, key, n):
-    return fit.sample(key, n)
-
-
 def draw_posterior(fit, key, num_draws: int, num_v_draws: int):
     """``num_draws`` draws of ``phi, s2, beta`` and the first ``num_v_draws`` of ``v``."""
     chunks = {k: [] for k in PARAMS}
@@ -306,7 +301,7 @@ def draw_posterior(fit, key, num_draws: int, num_v_draws: int):
     done = 0
     while done < num_draws:
         n = min(SAMPLE_CHUNK, num_draws - done)
-        d = _sample(fit, jax.random.fold_in(key, done), n)
+        d = fit.sample(jax.random.fold_in(key, done), n)
         for k in PARAMS:
             chunks[k].append(np.asarray(d[k]))
         if v is None:

@@ -250,10 +250,9 @@ def hierarchical_structure() -> LatentGaussianModel:
     (flat along ``theta_j = mu``), and as the Gaussian "likelihood" ``log p(y | theta)
     + log N(mu | 0, MU_SCALE^2)``.
 
-    Why ``mu``'s prior is a site rather than the ``1 / MU_SCALE^2`` of ``Q``'s corner
-    (which gives the same ``q(f | tau)``): ``GaussianSitesBlock.is_proper`` calls sites
-    with a zero corner improper (its tolerance ``-1e-8 * max(|corner|, tiny)`` flushes
-    to ``-0.0``, and ``0 > -0.0`` is false), so every update would be rejected.
+    ``mu``'s prior is a site rather than the ``1 / MU_SCALE^2`` of ``Q``'s corner; both
+    give the same ``q(f | tau)``. (It was moved there while
+    ``GaussianSitesBlock.is_proper`` refused sites with a zero corner, since fixed.)
 
     ``tau`` is floored at :data:`TAU_EDGE` in ``Q``. The Schur complement of ``q(f |
     tau)``'s precision, ``8 / tau^2 + 1/25 - sum (1/tau^2)^2 / (1/tau^2 + 1/sigma_j^2)``,
