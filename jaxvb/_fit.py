@@ -594,7 +594,7 @@ def _fit(
     half = num_steps / 2
 
     def step(state, inputs):
-        key_t, t = inputs
+        keys_t, t = inputs
         q = state.q
         target = log_p_fn
         if key_batch is not None:  # this step's unbiased minibatch estimate of log p
@@ -603,7 +603,7 @@ def _fit(
             def target(x):
                 return jnp.asarray(batch_log_joint(x)).astype(dtype)
 
-        noise = jax.vmap(method.noise, (0, None))(jax.random.split(key_t, num_draws), q)
+        noise = jax.vmap(method.noise, (0, None))(keys_t, q)
         if antithetic:
             flipped = jax.vmap(lambda n: jax.tree_util.tree_map(q.antithetic, n))(noise)
             noise = jax.tree_util.tree_map(
@@ -688,7 +688,12 @@ def _fit(
             _progress.report(progress, key_progress, t, num_steps, q_next, log_p_fn, status)
         return new_state, info
 
-    keys = jax.random.split(key_fit, num_steps)
+    # Every step's draw keys, split before the loop (the same keys as splitting each
+    # step's key inside it): inside, each split is a chain of small runtime steps
+    # (hashing, copies of keys), ~5% of the 250-step SV fit on the CPU.
+    keys = jax.vmap(lambda k: jax.random.split(k, num_draws))(
+        jax.random.split(key_fit, num_steps)
+    )
     steps = jnp.arange(1, num_steps + 1, dtype=jnp.int32)
     state, infos = jax.lax.scan(step, state0, (keys, steps))
 

@@ -258,7 +258,10 @@ class GaussianSitesBlock(ExponentialFamily):
         safe = jnp.where(h > 0, h, 1.0)
         schur = c - (b / safe[:, None]).T @ b
         scale = jnp.maximum(jnp.max(jnp.abs(c)), jnp.finfo(c.dtype).tiny)
-        eig = jnp.linalg.eigvalsh(0.5 * (schur + schur.T))
+        if schur.shape[0] == 1:  # SV's log beta: no LAPACK call (a step of its own)
+            eig = schur[0]
+        else:
+            eig = jnp.linalg.eigvalsh(0.5 * (schur + schur.T))
         finite = jnp.all(jnp.isfinite(self.shift)) & jnp.all(jnp.isfinite(b))
         return ok_h & finite & jnp.all(eig >= -1e-8 * scale)
 

@@ -45,6 +45,7 @@ import numpy as np
 
 from jaxvb.families._base import build
 from jaxvb.families.gaussian import Gaussian
+from jaxvb.linalg import _small as small
 from jaxvb.methods._base import Method
 
 
@@ -178,7 +179,7 @@ def _solve_linear(c: jax.Array, g: jax.Array) -> jax.Array:
     row = 1.0 / jnp.max(jnp.abs(c), axis=1)
     c = c * row[:, None]
     col = 1.0 / jnp.max(jnp.abs(c), axis=0)
-    return col * jnp.linalg.solve(c * col[None, :], g * row)
+    return col * small.solve(c * col[None, :], g * row)
 
 
 @functools.cache
