@@ -311,9 +311,9 @@ def stochastic_volatility(results: Path) -> list[dict]:
         ),
         _row(
             exp,
-            f"worst mean error of {n_fits} fits, in NUTS sd: phi / s2 / beta",
+            f"mean error of the median of {n_fits} fits, in NUTS sd: phi / s2 / beta",
             per_param(means["value"]),
-            "NUTS; settled after "
+            f"NUTS; worst fit: {per_param(means['worst_fit'])}; settled after "
             f"{means['settled']['svapprox']['num_steps']} steps: "
             + per_param(means["settled"]["svapprox"]["mean_error_in_nuts_sd"]),
             "<= 0.1 (issue 4)",

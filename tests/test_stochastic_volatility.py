@@ -2,7 +2,7 @@
 
 The fit compiles for ~30-50 s on CPU (once per series length), so the default run has
 one fit: the paper's, on the shipped 945-point series, checked against the stored
-NumPyro NUTS reference (``tests/data/sv_nuts.json``, 4 x 2000 draws). Fits of other
+NumPyro NUTS reference (``tests/data/sv_nuts.json``, 4 x 10000 draws). Fits of other
 series, a fresh NUTS run and the T = 10^5 run are behind ``JAXVB_SLOW=1``.
 """
 
