@@ -60,6 +60,7 @@ from jaxvb.linalg import (
     solve_arrowhead,
     solve_triangular_arrowhead,
 )
+from jaxvb.linalg import _small as small
 from jaxvb.methods._base import Method
 from jaxvb.methods.gradient import GradientStats, _solve_linear
 
@@ -258,10 +259,7 @@ class GaussianSitesBlock(ExponentialFamily):
         safe = jnp.where(h > 0, h, 1.0)
         schur = c - (b / safe[:, None]).T @ b
         scale = jnp.maximum(jnp.max(jnp.abs(c)), jnp.finfo(c.dtype).tiny)
-        if schur.shape[0] == 1:  # SV's log beta: no LAPACK call (a step of its own)
-            eig = schur[0]
-        else:
-            eig = jnp.linalg.eigvalsh(0.5 * (schur + schur.T))
+        eig = small.eigvalsh(schur)  # SV's 1 x 1 (log beta): no LAPACK call
         finite = jnp.all(jnp.isfinite(self.shift)) & jnp.all(jnp.isfinite(b))
         return ok_h & finite & jnp.all(eig >= -1e-8 * scale)
 

@@ -34,7 +34,7 @@ Array = jax.Array
 #: Largest order written out; above it the ``jnp.linalg`` routines are used.
 MAX_ORDER = 4
 
-__all__ = ["MAX_ORDER", "cholesky", "inv_lower", "solve"]
+__all__ = ["MAX_ORDER", "cholesky", "eigvalsh", "inv_lower", "solve"]
 
 
 def cholesky(a: Array) -> Array:
@@ -56,6 +56,13 @@ def cholesky(a: Array) -> Array:
     return jnp.stack(
         [jnp.stack([rows[i][j] if j <= i else zero for j in range(n)]) for i in range(n)]
     )
+
+
+def eigvalsh(a: Array) -> Array:
+    """Eigenvalues of the symmetric part of ``(n, n)`` ``a``; order 1 without LAPACK."""
+    if a.ndim == 2 and a.shape[-1] == 1:
+        return a[0]
+    return jnp.linalg.eigvalsh(0.5 * (a + jnp.swapaxes(a, -1, -2)))
 
 
 def inv_lower(l: Array) -> Array:  # noqa: E741 (the usual name of a Cholesky factor)
