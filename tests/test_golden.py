@@ -47,7 +47,12 @@ def _probit_data():
 
 
 def _record(res) -> dict:
-    leaves = [np.asarray(v, np.float64).ravel() for v in jax.tree_util.tree_leaves(res.q)]
+    q = res.q
+    # A dense Gaussian by its mean and covariance, whatever form it stores them in.
+    parts = (
+        [q.mean, q.cov] if isinstance(q, jaxvb.Gaussian) else jax.tree_util.tree_leaves(q)
+    )
+    leaves = [np.asarray(v, np.float64).ravel() for v in parts]
     return {
         "q": np.concatenate(leaves).tolist(),
         "elbo": float(res.elbo),
