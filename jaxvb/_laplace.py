@@ -5,13 +5,24 @@ started at the Laplace approximation it is accurate (paper, section 3: "choosing
 match the curvature of log p(x, y) at its mode"). ``jaxvb.fit`` starts here when given
 a point ``x0`` instead of a family.
 
-The mode search is L-BFGS followed by Newton steps with the exact Hessian. L-BFGS alone
-stalls on badly scaled posteriors (a flat-prior regression on the raw Longley design,
-whose posterior covariance has condition number ~1e19, stops after 500 iterations
-far from the mode); Newton's method is invariant to linear changes of coordinates, so
-it converges there in a few steps, and it is cheap once L-BFGS is near the mode.
-Positive definiteness is decided by a Cholesky factorisation, which, unlike the
-eigenvalues, does not depend on the scale of the coordinates.
+The mode search is Newton's method with Levenberg-Marquardt damping: every iteration
+evaluates ``log p``, its gradient and its Hessian once, at a trial point, and takes the
+point if ``log p`` rose by enough of what the quadratic model promised (else the
+damping grows and the step shrinks towards a scaled gradient step). Newton's method is
+invariant to linear changes of coordinates, so it reaches the mode of badly scaled
+posteriors (a flat-prior regression on the raw Longley design, posterior condition
+number ~1e19) where quasi-Newton methods stall, and the damping is applied to the
+Jacobi-equilibrated Hessian so that it too ignores the units of ``x``. Positive
+definiteness is decided by a Cholesky factorisation, which, unlike the eigenvalues,
+does not depend on the scale of the coordinates.
+
+Why one loop with one evaluation: the first call's cost is mostly compiling, and XLA
+compiles every place a derivative of ``log_joint`` is traced. An L-BFGS search with its
+line search followed by Newton steps traced the model's derivatives at seven places;
+this loop traces ``log p``, gradient and Hessian at one (``value_grad_hessian``), and
+the Hessian at the mode, the precision of the result, is the last one it evaluated.
+The search is compiled with XLA's backend optimisation off (it runs a few dozen
+evaluations, so compiling faster matters more than running faster).
 """
 
 from __future__ import annotations
@@ -22,11 +33,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.scipy.linalg import cho_solve
 
 from jaxvb.families._base import build, is_concrete
 from jaxvb.families.gaussian import Gaussian
+from jaxvb.methods._base import value_grad_hessian
 
 
 class LaplaceInfo(NamedTuple):
@@ -41,12 +52,13 @@ class LaplaceInfo(NamedTuple):
         factorisation succeeds: a proper Gaussian); where it is not, the precision
         returned has the eigenvalues of its Jacobi-equilibrated form replaced by their
         absolute values (floored), so the result is still proper.
-      num_iter: L-BFGS iterations used.
+      num_iter: iterations used, each one evaluation of ``log_joint`` with its
+        gradient and Hessian.
       grad_norm: the gradient norm at the returned mode.
       log_joint: ``log_joint`` at the returned mode.
       newton_decrement: ``sqrt(g' P^{-1} g)`` at the returned mode (``inf`` where the
         precision ``P`` is not positive definite).
-      num_newton: Newton steps taken after L-BFGS.
+      num_newton: steps taken (iterations whose trial point was accepted).
 
     Example:
       >>> import jax.numpy as jnp, jaxvb
@@ -65,39 +77,13 @@ class LaplaceInfo(NamedTuple):
     num_newton: jax.Array
 
 
-def _find_mode(log_joint, x0, max_iter, tol):
-    def loss(x):
-        return -log_joint(x)
-
-    opt = optax.lbfgs()
-    value_and_grad = optax.value_and_grad_from_state(loss)
-
-    def step(carry):
-        x, state = carry
-        value, grad = value_and_grad(x, state=state)
-        updates, state = opt.update(grad, state, x, value=value, grad=grad, value_fn=loss)
-        return optax.apply_updates(x, updates), state
-
-    def keep_going(carry):
-        _, state = carry
-        count = optax.tree.get(state, "count")
-        grad = optax.tree.get(state, "grad")
-        return (count == 0) | ((count < max_iter) & (optax.tree.norm(grad) >= tol))
-
-    x, state = jax.lax.while_loop(keep_going, step, (x0, opt.init(x0)))
-    # L-BFGS can end on a non-finite point (a line search into an overflow); Newton
-    # then starts from x0 instead.
-    x = jnp.where(jnp.isfinite(log_joint(x)), x, x0)
-    return x, optax.tree.get(state, "count")
-
-
 def _precision_factor(precision):
     """Cholesky factor of ``precision`` and whether it is positive definite.
 
     Where it is not, the factor is that of the matrix with the eigenvalues of its
     Jacobi-equilibrated form replaced by their absolute values (floored at ``eps``
     times the largest): a positive definite stand-in of the same scale, used for the
-    modified Newton step and for an improper Laplace approximation under ``jit``.
+    damped Newton step and for an improper Laplace approximation under ``jit``.
     """
     chol = jnp.linalg.cholesky(precision)
     proper = jnp.all(jnp.isfinite(chol))
@@ -117,70 +103,150 @@ def _precision_factor(precision):
     return chol, proper
 
 
-def _newton(log_joint, x, max_steps, tol):
-    """Damped Newton steps from ``x`` until the Newton decrement is below ``tol``."""
-    grad_fn = jax.grad(log_joint)
-    hess_fn = jax.hessian(log_joint)
+class _Search(NamedTuple):
+    x: jax.Array  # the accepted point, with its value, gradient and precision
+    value: jax.Array
+    grad: jax.Array
+    precision: jax.Array
+    trial: jax.Array  # where the next evaluation happens
+    predicted: jax.Array  # the quadratic model's gain for the step to ``trial``
+    damping: jax.Array
+    growth: jax.Array
+    decrement: jax.Array
+    num_iter: jax.Array
+    num_accepted: jax.Array
 
-    def direction(x):
-        g = grad_fn(x)
-        h = hess_fn(x)
-        chol, proper = _precision_factor(-0.5 * (h + h.T))
-        d = cho_solve((chol, True), g)
-        lam2 = g @ d  # > 0: d is an ascent direction
-        lam = jnp.where(proper & jnp.isfinite(lam2), jnp.sqrt(jnp.abs(lam2)), jnp.inf)
-        return d, lam2, lam
 
-    def step_length(x, d, lam2):
-        # Armijo backtracking on log_joint along d; 0 where no step length helps.
-        f0 = log_joint(x)
+def _newton_step(precision, grad, damping):
+    """The damped Newton step, its promised gain and the Newton decrement.
 
-        def too_long(t):
-            f = log_joint(x + t * d)
-            return ~(jnp.isfinite(f) & (f >= f0 + 1e-4 * t * lam2)) & (t > 1e-12)
+    The step ``d`` solves ``(S M S + damping I) S^{-1} d = S g``, with ``M`` the
+    precision (or, where it is not positive definite, its modified stand-in) and ``S``
+    its Jacobi scaling; the quadratic model promises ``g'd - d' M d / 2`` for it.
+    """
+    chol, proper = _precision_factor(precision)
+    lam2 = grad @ cho_solve((chol, True), grad)
+    decrement = jnp.where(proper & jnp.isfinite(lam2), jnp.sqrt(jnp.abs(lam2)), jnp.inf)
+    m = jnp.where(proper, precision, chol @ chol.T)
+    diag = jnp.diagonal(m)
+    s = 1.0 / jnp.sqrt(jnp.where(diag > 0, diag, 1.0))
+    scaled = m * s[:, None] * s[None, :]
+    eye = jnp.eye(grad.shape[0], dtype=grad.dtype)
+    damped = jnp.linalg.cholesky(scaled + damping * eye)
+    d_scaled = cho_solve((damped, True), s * grad)
+    d = s * d_scaled
+    # g'd = d_s'(S M S + damping I) d_s, so the gain is (g'd + damping |d_s|^2) / 2.
+    predicted = 0.5 * (grad @ d + damping * (d_scaled @ d_scaled))
+    return d, predicted, decrement
 
-        t = jax.lax.while_loop(too_long, lambda t: 0.5 * t, jnp.ones((), x.dtype))
-        return jnp.where(t > 1e-12, t, 0.0)
 
-    def keep_going(carry):
-        _, _, _, lam, n, moved = carry
-        return (n < max_steps) & ~(lam <= tol) & moved
+def _find_mode(log_joint, x0, max_iter, tol):
+    """Damped Newton from ``x0``: one ``value_grad_hessian`` per iteration."""
+    vgh = value_grad_hessian(log_joint)
+    dtype = x0.dtype
+    d = x0.shape[0]
+    big = jnp.asarray(jnp.finfo(dtype).max, dtype)
 
-    def step(carry):
-        x, d, lam2, _, n, _ = carry
-        t = step_length(x, d, lam2)
-        x = x + t * d
-        return (x, *direction(x), n + 1, t > 0)
+    def keep_going(s):
+        converged = (s.decrement <= tol) | (jnp.linalg.norm(s.grad) <= tol)
+        stuck = s.damping > 1e12  # no step, however short, raises log p
+        return (s.num_iter < max_iter) & ~converged & ~stuck
 
-    carry = (x, *direction(x), jnp.zeros((), jnp.int32), jnp.ones((), bool))
-    x, _, _, _, n, _ = jax.lax.while_loop(keep_going, step, carry)
-    return x, n
+    def body(s):
+        value, grad, hess = vgh(s.trial)
+        value = jnp.asarray(value, dtype)
+        precision = -0.5 * (hess + hess.T).astype(dtype)
+        finite = (
+            jnp.isfinite(value)
+            & jnp.all(jnp.isfinite(grad))
+            & jnp.all(jnp.isfinite(precision))
+        )
+        gain = value - s.value
+        ratio = gain / s.predicted
+        # The first iteration evaluates x0 itself (value -inf before it).
+        accept = finite & ((s.num_iter == 0) | ((gain >= 0) & (ratio >= 1e-4)))
+        # Nielsen's rule: shrink the damping after a good step, grow it geometrically
+        # after each refusal.
+        shrink = jnp.maximum(1.0 / 3.0, 1.0 - (2.0 * jnp.clip(ratio, 0.0, 1.0) - 1.0) ** 3)
+        damping = jnp.where(accept, s.damping * shrink, s.damping * s.growth)
+        growth = jnp.where(accept, 2.0, 2.0 * s.growth)
+        x = jnp.where(accept, s.trial, s.x)
+        value = jnp.where(accept, value, s.value)
+        grad = jnp.where(accept, grad.astype(dtype), s.grad)
+        precision = jnp.where(accept, precision, s.precision)
+        step, predicted, decrement = _newton_step(precision, grad, damping)
+        return _Search(
+            x=x,
+            value=value,
+            grad=grad,
+            precision=precision,
+            trial=x + step,
+            predicted=predicted,
+            damping=damping,
+            growth=growth,
+            decrement=decrement,
+            num_iter=s.num_iter + 1,
+            num_accepted=s.num_accepted + accept.astype(jnp.int32),
+        )
+
+    start = _Search(
+        x=x0,
+        value=jnp.asarray(-jnp.inf, dtype),
+        grad=jnp.full((d,), big, dtype),
+        precision=jnp.eye(d, dtype=dtype),
+        trial=x0,
+        predicted=jnp.ones((), dtype),
+        damping=jnp.asarray(1e-3, dtype),
+        growth=jnp.asarray(2.0, dtype),
+        decrement=jnp.asarray(jnp.inf, dtype),
+        num_iter=jnp.zeros((), jnp.int32),
+        num_accepted=jnp.zeros((), jnp.int32),
+    )
+    return jax.lax.while_loop(keep_going, body, start)
+
+
+def default_tol(dtype) -> float:
+    """``laplace``'s default ``tol``: ``1e-6``, or ``1e-3`` in single precision.
+
+    A Newton decrement of 1e-3 (the mode off by a thousandth of a posterior standard
+    deviation) is as close as float32's rounding of ``log p`` and its gradient lets
+    the search come on ordinary models.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb._laplace import default_tol
+      >>> default_tol(jnp.float64), default_tol(jnp.float32)
+      (1e-06, 0.001)
+    """
+    return 1e-6 if jnp.finfo(dtype).bits >= 64 else 1e-3
 
 
 def laplace(
     log_joint: Callable[[jax.Array], jax.Array],
     x0: jax.Array,
     *,
-    max_iter: int = 500,
-    tol: float = 1e-6,
-    max_newton: int = 50,
+    max_iter: int = 200,
+    tol: float | None = None,
     return_info: bool = False,
 ):
     """The Laplace approximation ``N(mode, (-hess log p(mode))^{-1})``.
 
-    The mode is found by L-BFGS (``optax.lbfgs`` with its zoom line search) from ``x0``,
-    then refined by Newton steps with the exact Hessian (a backtracking line search;
-    where the Hessian is not negative definite, its equilibrated eigenvalues are made
-    negative). The precision is minus the Hessian at the mode (``jax.hessian``).
+    The mode is found by Newton's method from ``x0`` with Levenberg-Marquardt damping
+    on the Jacobi-equilibrated Hessian (a trial step is taken when ``log p`` rises by at
+    least 1e-4 of the quadratic model's promise; where the Hessian is not negative
+    definite, its equilibrated eigenvalues are made negative). Each iteration evaluates
+    ``log p``, its gradient and Hessian once (forward over reverse mode); the precision
+    is minus the Hessian at the mode.
 
     Args:
-      log_joint: unnormalised log posterior, ``x -> scalar``, twice differentiable.
+      log_joint: unnormalised log posterior, ``x -> scalar``, twice differentiable. A
+        pytree (e.g. ``jax.tree_util.Partial(fn, data)``) is passed to the compiled
+        search as an argument: a second call with new data of the same shapes reuses it.
       x0: the starting point, shape ``(d,)``.
-      max_iter: L-BFGS iterations at most.
+      max_iter: iterations at most (each one evaluation of value, gradient, Hessian).
       tol: the mode is found when the gradient norm, or the Newton decrement (the
         distance to the mode in standard deviations of the approximation), falls
-        below this.
-      max_newton: Newton steps at most after L-BFGS (``0``: none).
+        below this; ``None``: :func:`default_tol` of ``x0``'s dtype.
       return_info: also return a :class:`LaplaceInfo`.
 
     Returns:
@@ -201,9 +267,9 @@ def laplace(
         x0 = x0.astype(jnp.result_type(float))
     if x0.ndim != 1:
         raise ValueError(f"laplace: x0 must have shape (d,), got {x0.shape}")
-    gaussian, info = _laplace(
-        log_joint, x0, max_iter=max_iter, tol=tol, max_newton=max_newton
-    )
+    if tol is None:
+        tol = default_tol(x0.dtype)
+    gaussian, info = _laplace(log_joint, x0, tol, max_iter=int(max_iter))
     if is_concrete(info.converged):
         mode = np.asarray(gaussian.mean)
         if not bool(info.converged):
@@ -214,12 +280,11 @@ def laplace(
             )
             raise ValueError(
                 f"laplace: the mode search did not converge: after {int(info.num_iter)} "
-                f"L-BFGS and {int(info.num_newton)} Newton steps the gradient norm is "
+                f"iterations ({int(info.num_newton)} steps taken) the gradient norm is "
                 f"{float(info.grad_norm):.3g} and the Newton decrement "
                 f"{float(info.newton_decrement):.3g} (tol {tol}){also}. Check that "
                 "log_joint has a finite maximum (a proper posterior), start closer to "
-                "the mode, or increase max_iter / max_newton. Point reached: "
-                f"{mode}"
+                f"the mode, or increase max_iter. Point reached: {mode}"
             )
         if not bool(info.negative_definite):
             raise ValueError(
@@ -232,30 +297,53 @@ def laplace(
     return (gaussian, info) if return_info else gaussian
 
 
-@jax.jit(static_argnames=("log_joint", "max_iter", "max_newton"))
-def _laplace(log_joint, x0, *, max_iter, tol, max_newton):
-    mode, count = _find_mode(log_joint, x0, max_iter, tol)
-    if max_newton > 0:
-        mode, num_newton = _newton(log_joint, mode, max_newton, tol)
+def _is_array(v) -> bool:
+    return isinstance(v, (jax.Array, np.ndarray, np.generic, float, int, complex))
+
+
+def _split(log_joint):
+    """``(leaves, static)``: a pytree log joint's arrays are traced, the rest static.
+
+    A plain function (a leaf), or a pytree with a leaf that is not an array, is static
+    as a whole (hashed as it hashes itself, a function by identity).
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(log_joint)
+    if jax.tree_util.treedef_is_leaf(treedef) or not all(map(_is_array, leaves)):
+        return (), log_joint
+    return leaves, treedef
+
+
+def _laplace(log_joint, x0, tol, *, max_iter):
+    leaves, static = _split(log_joint)
+    return _laplace_compiled(leaves, static, x0, tol, max_iter=max_iter)
+
+
+# Backend optimisation off: the search runs a few dozen iterations, where compiling
+# at the default level costs seconds and running it at level 0 is ~20% slower.
+@jax.jit(
+    static_argnames=("static", "max_iter"),
+    compiler_options={"xla_backend_optimization_level": 0},
+)
+def _laplace_compiled(leaves, static, x0, tol, *, max_iter):
+    if isinstance(static, jax.tree_util.PyTreeDef):
+        log_joint = jax.tree_util.tree_unflatten(static, leaves)
     else:
-        num_newton = jnp.zeros((), jnp.int32)
-    value, grad = jax.value_and_grad(log_joint)(mode)
-    hess = jax.hessian(log_joint)(mode)
-    chol, negative_definite = _precision_factor(-0.5 * (hess + hess.T))
-    negative_definite = negative_definite & jnp.all(jnp.isfinite(hess))
-    eye = jnp.eye(mode.shape[0], dtype=mode.dtype)
+        log_joint = static
+    tol = jnp.asarray(tol, x0.dtype)
+    s = _find_mode(log_joint, x0, max_iter, tol)
+    chol, negative_definite = _precision_factor(s.precision)
+    negative_definite = negative_definite & jnp.all(jnp.isfinite(s.precision))
+    eye = jnp.eye(x0.shape[0], dtype=x0.dtype)
     cov = cho_solve((chol, True), eye)
     cov = 0.5 * (cov + cov.T)
-    lam2 = grad @ cho_solve((chol, True), grad)
-    decrement = jnp.where(negative_definite, jnp.sqrt(jnp.abs(lam2)), jnp.inf)
-    grad_norm = jnp.linalg.norm(grad)
+    grad_norm = jnp.linalg.norm(s.grad)
     info = LaplaceInfo(
-        converged=(grad_norm < tol) | (decrement < tol),
+        converged=jnp.isfinite(s.value) & ((grad_norm <= tol) | (s.decrement <= tol)),
         negative_definite=negative_definite,
-        num_iter=count,
+        num_iter=s.num_iter,
         grad_norm=grad_norm,
-        log_joint=value,
-        newton_decrement=decrement,
-        num_newton=num_newton,
+        log_joint=s.value,
+        newton_decrement=s.decrement,
+        num_newton=s.num_accepted,
     )
-    return build(Gaussian, mean=mode, cov=cov), info
+    return build(Gaussian, mean=s.x, cov=cov), info
