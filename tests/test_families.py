@@ -194,7 +194,7 @@ def scipy_dist(q):
     if isinstance(q, Beta):
         return stats.beta(f["concentration1"], f["concentration0"])
     if isinstance(q, Gaussian):
-        return stats.multivariate_normal(f["mean"], f["cov"])
+        return stats.multivariate_normal(f["mean"], np.asarray(q.cov))
     raise TypeError(type(q))
 
 

@@ -7,7 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.linalg import cho_solve
+from jax.scipy.linalg import solve_triangular
 
 from jaxvb.families._base import (
     Array,
@@ -36,6 +36,56 @@ def _unpack_precision(eta2: Array, d: int) -> Array:
     return upper + jnp.triu(upper, 1).T
 
 
+def precision_factor(precision: Array) -> Array:
+    """The upper-triangular ``U`` with ``U U' = precision`` and a positive diagonal.
+
+    The "reversed" Cholesky factor ``U = J chol(J P J) J`` (``J`` the exchange matrix):
+    one Cholesky of the precision. Its inverse transpose ``U^{-T}`` is lower triangular
+    with a positive diagonal and ``U^{-T} U^{-1} = P^{-1}``, so it *is* the Cholesky
+    factor of the covariance (which is unique): draws ``m + U^{-T} z`` are the draws
+    ``m + chol(cov) z`` without forming ``cov``. NaN where ``precision`` is not positive
+    definite. Leading axes are batch axes.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> p = jnp.array([[2.0, 0.5], [0.5, 1.0]])
+      >>> u = precision_factor(p)
+      >>> float(u[1, 0]), bool(jnp.allclose(u @ u.T, p))
+      (0.0, True)
+    """
+    flipped = jnp.flip(precision, (-2, -1))
+    return jnp.flip(jnp.linalg.cholesky(flipped), (-2, -1))
+
+
+def solve_precision(factor: Array, b: Array) -> Array:
+    """``P^{-1} b`` for ``P = U U'`` from its factor ``U`` (:func:`precision_factor`).
+
+    Two triangular solves, ``O(d^2)`` per right-hand side ``b`` of shape ``(d,)``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> p = jnp.array([[2.0, 0.5], [0.5, 1.0]])
+      >>> x = solve_precision(precision_factor(p), jnp.array([1.0, 2.0]))
+      >>> bool(jnp.allclose(p @ x, jnp.array([1.0, 2.0])))
+      True
+    """
+    y = solve_triangular(factor, b, lower=False)
+    return solve_triangular(factor, y, lower=False, trans="T")
+
+
+def _factor_from_cov(cov: Array) -> Array:
+    """``U = chol(cov)^{-T}``: a Cholesky and a triangular inverse (batched)."""
+    chol = jnp.linalg.cholesky(cov)
+    eye = jnp.broadcast_to(jnp.eye(cov.shape[-1], dtype=cov.dtype), cov.shape)
+    return jnp.swapaxes(solve_triangular(chol, eye, lower=True), -1, -2)
+
+
+def _check_symmetric(name: str, value: Array) -> None:
+    v = np.asarray(value)
+    if not np.all(np.isfinite(v)) or not np.allclose(v, v.T, rtol=1e-6, atol=0):
+        raise ValueError(f"Gaussian: {name} must be finite and symmetric.")
+
+
 @register_family
 class Gaussian(ExponentialFamily):
     r"""Multivariate normal ``N(mean, cov)`` with a dense covariance.
@@ -50,22 +100,31 @@ class Gaussian(ExponentialFamily):
     so ``T(x) . eta = x' P m - x' P x / 2`` and ``k = d + d (d + 1) / 2``;
     ``U(eta) = m' P m / 2 - log|P| / 2 + d log(2 pi) / 2``.
 
+    It is stored as ``mean`` and the upper-triangular factor ``U`` of the precision,
+    ``P = U U'`` (:func:`precision_factor`), the form in which the methods produce it:
+    a draw ``m + U^{-T} z``, ``log_prob`` and the entropy cost ``O(d^2)`` from it, with
+    no further factorisation. ``cov``, ``precision`` and ``variance`` are computed when
+    asked for (``O(d^3)``, once per access).
+
     Args:
       mean: shape ``(d,)``.
       cov: shape ``(d, d)``, symmetric positive definite.
 
     Example:
       >>> import jax.numpy as jnp
-      >>> q = Gaussian(mean=jnp.zeros(2), cov=jnp.eye(2))
-      >>> q.precision.shape
-      (2, 2)
+      >>> q = Gaussian(mean=jnp.zeros(2), cov=jnp.array([[4.0, 2.0], [2.0, 2.0]]))
+      >>> q.precision.tolist(), q.variance.tolist()
+      ([[0.5, -0.5], [-0.5, 1.0]], [4.0, 2.0])
+      >>> q.precision_factor.tolist()   # upper triangular, U U' = precision
+      [[0.5, -0.5], [0.0, 1.0]]
     """
 
     mean: Array
-    cov: Array
+    #: ``(d, d)`` upper triangular with a positive diagonal; ``precision = U U'``.
+    precision_factor: Array
 
-    def __post_init__(self):
-        mean, cov = as_float_arrays(self.mean, self.cov)
+    def __init__(self, mean: Array, cov: Array):
+        mean, cov = as_float_arrays(mean, cov)
         if mean.ndim != 1:
             raise ValueError(
                 f"Gaussian: mean must have shape (d,), got {mean.shape}; "
@@ -77,25 +136,43 @@ class Gaussian(ExponentialFamily):
                 f"Gaussian: cov must have shape ({d}, {d}) to match mean {mean.shape}, "
                 f"got {cov.shape}."
             )
-        object.__setattr__(self, "mean", mean)
-        object.__setattr__(self, "cov", cov)
         if is_concrete(cov):
+            _check_symmetric("cov", cov)
             c = np.asarray(cov)
-            if not np.all(np.isfinite(c)) or not np.allclose(c, c.T, rtol=1e-6, atol=0):
-                raise ValueError("Gaussian: cov must be finite and symmetric.")
             if d and np.linalg.eigvalsh(c).min() <= 0:
                 raise ValueError(
                     "Gaussian: cov must be positive definite (its smallest eigenvalue is "
                     f"{np.linalg.eigvalsh(c).min():.3g}); this is not a proper distribution."
                 )
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "precision_factor", _factor_from_cov(cov))
 
     @classmethod
     def from_precision(cls, mean: Array, precision: Array) -> Gaussian:
-        """``N(mean, precision^{-1})``."""
+        """``N(mean, precision^{-1})``: one Cholesky of ``precision``, no inverse.
+
+        Example:
+          >>> import jax.numpy as jnp
+          >>> q = Gaussian.from_precision(jnp.zeros(2), jnp.array([[2.0, 0.0], [0.0, 4.0]]))
+          >>> q.cov.round(6).tolist()
+          [[0.5, 0.0], [0.0, 0.25]]
+        """
         mean, precision = as_float_arrays(mean, precision)
-        chol = jnp.linalg.cholesky(precision)
-        eye = jnp.eye(precision.shape[-1], dtype=precision.dtype)
-        return cls(mean=mean, cov=cho_solve((chol, True), eye))
+        d = mean.shape[-1] if mean.ndim == 1 else None
+        if mean.ndim != 1 or precision.shape != (d, d):
+            raise ValueError(
+                "Gaussian.from_precision: mean must have shape (d,) and precision "
+                f"(d, d), got {mean.shape} and {precision.shape}."
+            )
+        factor = precision_factor(precision)
+        if is_concrete(precision):
+            _check_symmetric("precision", precision)
+            if not np.all(np.isfinite(np.asarray(factor))):
+                raise ValueError(
+                    "Gaussian: precision must be positive definite; this is not a "
+                    "proper distribution."
+                )
+        return build(cls, mean=mean, precision_factor=factor)
 
     @property
     def event_shape(self) -> tuple[int, ...]:
@@ -106,14 +183,35 @@ class Gaussian(ExponentialFamily):
         return self.mean.shape[-1]
 
     @property
+    def scale_tril(self) -> Array:
+        """The lower Cholesky factor of ``cov``, ``U^{-T}`` (a triangular inverse)."""
+        u = self.precision_factor
+        eye = jnp.broadcast_to(jnp.eye(self.dim, dtype=u.dtype), u.shape)
+        return solve_triangular(u, eye, lower=False, trans="T")
+
+    @property
+    def cov(self) -> Array:
+        """The covariance ``U^{-T} U^{-1}``, formed on each access (``O(d^3)``)."""
+        s = self.scale_tril
+        c = s @ jnp.swapaxes(s, -1, -2)
+        return 0.5 * (c + jnp.swapaxes(c, -1, -2))
+
+    @cov.setter
+    def cov(self, value: Array) -> None:
+        # Reached only through ``build(Gaussian, mean=..., cov=...)`` (the dataclass is
+        # frozen): code that builds an unchecked Gaussian from a covariance keeps
+        # working, at the price of a factorisation.
+        object.__setattr__(self, "precision_factor", _factor_from_cov(value))
+
+    @property
     def precision(self) -> Array:
-        eye = jnp.eye(self.dim, dtype=self.dtype)
-        return cho_solve((jnp.linalg.cholesky(self.cov), True), eye)
+        u = self.precision_factor
+        return u @ jnp.swapaxes(u, -1, -2)
 
     @property
     def variance(self) -> Array:
         """The marginal variances, ``diag(cov)``."""
-        return jnp.diagonal(self.cov)
+        return jnp.sum(self.scale_tril**2, axis=-1)
 
     def sufficient_stats(self, x):
         i, j = _triu(self.dim)
@@ -121,19 +219,16 @@ class Gaussian(ExponentialFamily):
 
     @property
     def natural_params(self):
+        u = self.precision_factor
         p = self.precision
         i, j = _triu(self.dim)
-        return jnp.concatenate([p @ self.mean, p[i, j]])
+        return jnp.concatenate([u @ (u.T @ self.mean), p[i, j]])
 
     def from_natural(self, eta):
         d = self.dim
-        p = _unpack_precision(eta[d:], d)
-        chol = jnp.linalg.cholesky(p)
-        eye = jnp.eye(d, dtype=eta.dtype)
+        factor = precision_factor(_unpack_precision(eta[d:], d))
         return build(
-            Gaussian,
-            mean=cho_solve((chol, True), eta[:d]),
-            cov=cho_solve((chol, True), eye),
+            Gaussian, mean=solve_precision(factor, eta[:d]), precision_factor=factor
         )
 
     @property
@@ -168,38 +263,60 @@ class Gaussian(ExponentialFamily):
     def _log_normalizer(self, eta):
         d = self.dim
         chol = jnp.linalg.cholesky(_unpack_precision(eta[d:], d))
-        half = jax.scipy.linalg.solve_triangular(chol, eta[:d], lower=True)
+        half = solve_triangular(chol, eta[:d], lower=True)
         logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol)))
         return 0.5 * half @ half - 0.5 * logdet + 0.5 * d * math.log(2 * math.pi)
 
     @property
     def is_proper(self):
-        chol = jnp.linalg.cholesky(self.cov)
-        return jnp.all(jnp.isfinite(chol)) & jnp.all(jnp.isfinite(self.mean))
+        # A failed factorisation is NaN; a hand-built factor must also have a positive
+        # diagonal to be the factor of a positive definite precision.
+        u = self.precision_factor
+        return (
+            jnp.all(jnp.isfinite(u))
+            & jnp.all(jnp.diagonal(u, axis1=-2, axis2=-1) > 0)
+            & jnp.all(jnp.isfinite(self.mean))
+        )
+
+    def _log_det_precision(self) -> Array:
+        return 2.0 * jnp.sum(
+            jnp.log(jnp.diagonal(self.precision_factor, axis1=-2, axis2=-1)), -1
+        )
 
     def noise(self, key):
         return jax.random.normal(key, self.event_shape, self.dtype)
 
     def from_noise(self, noise):
-        return self.mean + jnp.linalg.cholesky(self.cov) @ noise
+        # U^{-T} z = chol(cov) z: one triangular solve. Under vmap over draws the batch
+        # joins the right-hand side of one solve.
+        return self.mean + solve_triangular(
+            self.precision_factor, noise, lower=False, trans="T"
+        )
 
     def antithetic(self, noise):
         return -noise
 
     def log_prob(self, x):
         # Closed form: cheaper and better conditioned than T(x) . eta - U(eta).
-        # r = L^{-1} (x - m) as a product with L^{-1}, which does not depend on x: under
-        # vmap over draws it is formed once, and the draws meet a matrix product. (A
-        # batched triangular solve is the same numbers but ~100x slower on XLA:CPU.)
+        # r = U' (x - m), whose square norm is (x - m)' P (x - m): a matrix product
+        # under vmap over draws.
         x = jnp.asarray(x, self.dtype)
-        chol = jnp.linalg.cholesky(self.cov)
-        eye = jnp.eye(self.dim, dtype=self.dtype)
-        r = jax.scipy.linalg.solve_triangular(chol, eye, lower=True) @ (x - self.mean)
-        logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol)))
+        r = self.precision_factor.T @ (x - self.mean)
+        logdet = -self._log_det_precision()
         return -0.5 * (r @ r + logdet + self.dim * math.log(2 * math.pi))
 
     @property
     def entropy(self):
-        chol = jnp.linalg.cholesky(self.cov)
-        logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol)))
+        logdet = -self._log_det_precision()
         return 0.5 * (logdet + self.dim * (1.0 + math.log(2 * math.pi)))
+
+    def __repr__(self) -> str:
+        # Shown by mean and cov, the parameters users give (small values in full).
+        concrete = is_concrete(self.mean) and is_concrete(self.precision_factor)
+        mean = self.mean.shape
+        cov = self.precision_factor.shape
+        if concrete and self.mean.size <= 6:
+            mean = np.asarray(self.mean).tolist()
+        if concrete and self.precision_factor.size <= 6:
+            cov = np.asarray(self.cov).tolist()
+        return f"Gaussian(mean={mean}, cov={cov})"
