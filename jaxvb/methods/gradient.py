@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.scipy.linalg import solve_triangular
 
 from jaxvb.families._base import build
 from jaxvb.families.gaussian import Gaussian
@@ -109,7 +110,7 @@ def _check_gaussian(q) -> None:
 def _mean_cholesky_to_params(q) -> jax.Array:
     _check_gaussian(q)
     i, j = np.tril_indices(q.dim)
-    return jnp.concatenate([q.mean, jnp.linalg.cholesky(q.cov)[i, j]])
+    return jnp.concatenate([q.mean, q.scale_tril[i, j]])
 
 
 def _mean_cholesky_from_params(q, phi) -> Gaussian:
@@ -117,7 +118,10 @@ def _mean_cholesky_from_params(q, phi) -> Gaussian:
     d = q.dim
     i, j = np.tril_indices(d)
     chol = jnp.zeros((d, d), phi.dtype).at[i, j].set(phi[d:])
-    return build(Gaussian, mean=phi[:d], cov=chol @ chol.T)
+    # The precision factor is chol^{-T}; its draws m + chol z (Gaussian.from_noise).
+    eye = jnp.eye(d, dtype=phi.dtype)
+    factor = solve_triangular(chol, eye, lower=True).T
+    return build(Gaussian, mean=phi[:d], precision_factor=factor)
 
 
 #: ``phi = (m, L[i, j] for i >= j)`` with ``L`` the lower Cholesky factor of the

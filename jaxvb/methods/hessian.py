@@ -7,6 +7,8 @@ appendix B) the regression statistics reduce to three running averages,
 
 and the solution is ``V = P^{-1}``, ``m = V a + z``. Storage and work are in the
 dimension of ``x`` rather than its square (Algorithm 1 needs ``k = d + d(d+1)/2``).
+The solution is kept as ``P``'s factor (:class:`~jaxvb.Gaussian` stores it): one
+Cholesky per step, and ``O(d^2)`` solves for the mean and the next draw.
 """
 
 from __future__ import annotations
@@ -17,10 +19,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import cho_solve
 
 from jaxvb.families._base import build
-from jaxvb.families.gaussian import Gaussian
+from jaxvb.families.gaussian import Gaussian, precision_factor, solve_precision
 from jaxvb.methods._base import Method, value_grad_hessian
 
 
@@ -100,11 +101,12 @@ def hessian(grad_and_hessian: Callable | None = None) -> Method:
         return HessianStats(a=g.astype(q.dtype), P=-h.astype(q.dtype), z=x), x, log_p
 
     def solve_fn(stats, q):
-        chol = jnp.linalg.cholesky(stats.P)
-        eye = jnp.eye(stats.P.shape[0], dtype=stats.P.dtype)
-        cov = cho_solve((chol, True), eye)
-        mean = cho_solve((chol, True), stats.a) + stats.z
-        return build(Gaussian, mean=mean, cov=cov)
+        # One Cholesky of P and two triangular solves: q stays in precision form, its
+        # covariance is never formed inside the loop (a non-positive-definite P gives
+        # a NaN factor, which is_proper reports).
+        factor = precision_factor(stats.P)
+        mean = solve_precision(factor, stats.a) + stats.z
+        return build(Gaussian, mean=mean, precision_factor=factor)
 
     return Method(
         name="hessian",

@@ -36,10 +36,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import cho_solve
+from jax.scipy.linalg import solve_triangular
 
 from jaxvb.families._base import build
-from jaxvb.families.gaussian import Gaussian
+from jaxvb.families.gaussian import Gaussian, precision_factor, solve_precision
 from jaxvb.methods._base import Method
 from jaxvb.methods.gradient import _solve_linear
 from jaxvb.methods.regression import solve_gram
@@ -76,7 +76,10 @@ class SiteStats(NamedTuple):
 def _marginals(model: Factors, q: Gaussian) -> tuple[jax.Array, jax.Array]:
     """Mean and variance of each ``f_i = v_i' x`` under ``q``."""
     v = model.design
-    return v @ q.mean, jnp.einsum("nm,mk,nk->n", v, q.cov, v)
+    # v_i' cov v_i = |U^{-1} v_i|^2 for the precision factor U: one triangular solve
+    # with the N rows as right-hand sides, no covariance.
+    w = solve_triangular(q.precision_factor, v.T, lower=False)
+    return v @ q.mean, jnp.sum(w**2, axis=0)
 
 
 def _assemble(model: Factors, h: jax.Array, p: jax.Array) -> Gaussian:
@@ -85,11 +88,8 @@ def _assemble(model: Factors, h: jax.Array, p: jax.Array) -> Gaussian:
     p0 = prior.precision
     precision = p0 + (v.T * p) @ v
     linear = p0 @ prior.mean + v.T @ h
-    chol = jnp.linalg.cholesky(precision)
-    eye = jnp.eye(precision.shape[0], dtype=precision.dtype)
-    return build(
-        Gaussian, mean=cho_solve((chol, True), linear), cov=cho_solve((chol, True), eye)
-    )
+    factor = precision_factor(precision)
+    return build(Gaussian, mean=solve_precision(factor, linear), precision_factor=factor)
 
 
 def _bind(model, estimator: str) -> Method:
