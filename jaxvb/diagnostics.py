@@ -8,7 +8,8 @@ mean zero under ``q``. With ``s^2 = Var_q[r] = Var_q[log p - log q]``:
     log p(y)       ~ ELBO + s^2 / 2                     (eq. 17)
     R^2            = 1 - s^2 / Var_q[log p(x)]
 
-All expectations are Monte Carlo averages over draws of ``q`` (vmapped).
+All expectations are Monte Carlo averages over draws of ``q``, vmapped in chunks of a
+bounded size.
 """
 
 from __future__ import annotations
@@ -58,7 +59,12 @@ class Diagnostics(NamedTuple):
 
 
 def evaluate(
-    key: jax.Array, q, log_joint: Callable[[jax.Array], jax.Array], num_draws: int = 1000
+    key: jax.Array,
+    q,
+    log_joint: Callable[[jax.Array], jax.Array],
+    num_draws: int = 1000,
+    *,
+    chunk_size: int = 100,
 ) -> Diagnostics:
     """Section 4's diagnostics of ``q`` as an approximation to ``log_joint``.
 
@@ -67,6 +73,10 @@ def evaluate(
       q: a fitted family.
       log_joint: the unnormalised log posterior, ``x -> scalar``.
       num_draws: Monte Carlo draws (at least 2).
+      chunk_size: at most this many draws are evaluated at once (vmapped), the chunks
+        one after another (``lax.scan``), so that memory is that of one chunk whatever
+        ``num_draws`` is. The numbers do not depend on it: draw ``i`` comes from the
+        ``i``-th of ``jax.random.split(key, num_draws)``, as in ``q.sample``.
 
     Returns:
       :class:`Diagnostics`. Draws where ``log_joint`` is not finite are left out of the
@@ -81,8 +91,9 @@ def evaluate(
     """
     if num_draws < 2:
         raise ValueError(f"num_draws must be at least 2, got {num_draws}")
-    x, log_q = q.sample_and_log_prob(key, (num_draws,))
-    log_p = jax.vmap(log_joint)(x).astype(q.dtype)
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    log_p, log_q = _log_densities(key, q, log_joint, num_draws, chunk_size)
     ok = jnp.isfinite(log_p)
     n = jnp.sum(ok)
     nn = jnp.maximum(n, 2).astype(q.dtype)
@@ -108,3 +119,25 @@ def evaluate(
         r_squared=1.0 - s2 / jnp.maximum(var_p, tiny),
         num_nonfinite=num_draws - n,
     )
+
+
+def _log_densities(key, q, log_joint, num_draws: int, chunk_size: int):
+    """``log p`` and ``log q`` at ``num_draws`` draws of ``q``, in equal chunks.
+
+    ``num_draws`` is cut into ``n`` chunks of equal size ``c <= chunk_size`` (the last
+    padded with repeated keys, whose values are dropped): one traced program, not a
+    second one for a remainder.
+    """
+
+    def one(k):
+        x, log_q = q.sample_and_log_prob(k)
+        return jnp.asarray(log_joint(x)).astype(q.dtype), log_q
+
+    keys = jax.random.split(key, num_draws)
+    num_chunks = -(-num_draws // chunk_size)
+    if num_chunks == 1:
+        return jax.vmap(one)(keys)
+    size = -(-num_draws // num_chunks)
+    padded = jnp.concatenate([keys, keys[: num_chunks * size - num_draws]])
+    log_p, log_q = jax.lax.map(one, padded, batch_size=size)
+    return log_p[:num_draws], log_q[:num_draws]
