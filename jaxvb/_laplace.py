@@ -36,7 +36,7 @@ import numpy as np
 from jax.scipy.linalg import cho_solve
 
 from jaxvb.families._base import build, is_concrete
-from jaxvb.families.gaussian import Gaussian
+from jaxvb.families.gaussian import Gaussian, precision_factor
 from jaxvb.methods._base import value_grad_hessian
 
 
@@ -163,8 +163,13 @@ def _find_mode(log_joint, x0, max_iter, tol):
         )
         gain = value - s.value
         ratio = gain / s.predicted
+        # Near the mode the promised gain falls below the rounding of log p (soon in
+        # float32): a step that keeps log p within that rounding is taken, and the
+        # gradient, not log p, says whether it helped.
+        rounding = 10.0 * jnp.finfo(dtype).eps * (1.0 + jnp.abs(s.value))
+        flat = (s.predicted <= rounding) & (gain >= -rounding)
         # The first iteration evaluates x0 itself (value -inf before it).
-        accept = finite & ((s.num_iter == 0) | ((gain >= 0) & (ratio >= 1e-4)))
+        accept = finite & ((s.num_iter == 0) | (ratio >= 1e-4) | flat)
         # Nielsen's rule: shrink the damping after a good step, grow it geometrically
         # after each refusal.
         shrink = jnp.maximum(1.0 / 3.0, 1.0 - (2.0 * jnp.clip(ratio, 0.0, 1.0) - 1.0) ** 3)
@@ -333,9 +338,10 @@ def _laplace_compiled(leaves, static, x0, tol, *, max_iter):
     s = _find_mode(log_joint, x0, max_iter, tol)
     chol, negative_definite = _precision_factor(s.precision)
     negative_definite = negative_definite & jnp.all(jnp.isfinite(s.precision))
-    eye = jnp.eye(x0.shape[0], dtype=x0.dtype)
-    cov = cho_solve((chol, True), eye)
-    cov = 0.5 * (cov + cov.T)
+    # The Gaussian keeps the precision's factor: no inverse. Where the Hessian is not
+    # negative definite, that of its modified stand-in.
+    precision = jnp.where(negative_definite, s.precision, chol @ chol.T)
+    factor = precision_factor(0.5 * (precision + precision.T))
     grad_norm = jnp.linalg.norm(s.grad)
     info = LaplaceInfo(
         converged=jnp.isfinite(s.value) & ((grad_norm <= tol) | (s.decrement <= tol)),
@@ -346,4 +352,4 @@ def _laplace_compiled(leaves, static, x0, tol, *, max_iter):
         newton_decrement=s.decrement,
         num_newton=s.num_accepted,
     )
-    return build(Gaussian, mean=s.x, cov=cov), info
+    return build(Gaussian, mean=s.x, precision_factor=factor), info
