@@ -287,7 +287,7 @@ def one_shot_estimates(num_samples, repeats, seed):
             stats, _, _ = jax.vmap(method.estimate, (0, None, None))(noise, q, log_joint_b)
             mask = (jnp.arange(s_max) < s).astype(q.dtype) / s
             mean = jax.tree_util.tree_map(lambda v: jnp.tensordot(mask, v, axes=1), stats)
-            return method.solve(mean, q).rate
+            return method.solve(mean, q, None).rate
 
         # One flat vmap over (S, repeat) pairs: a nested vmap compiles much slower.
         keys = jax.random.split(jax.random.fold_in(base, 100 + i), len(s_grid) * repeats)

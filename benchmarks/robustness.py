@@ -242,7 +242,7 @@ def fixed_point_check(key, q, log_joint, num_draws=200):
             ),
             stats,
         )
-        return method.solve(mean, q)
+        return method.solve(mean, q, None)
 
     def distance(a, b):
         value = 0.5 * jnp.var(jax.vmap(a.log_prob)(x) - jax.vmap(b.log_prob)(x))

@@ -12,16 +12,18 @@ Example:
   [1.0, 1.0]
 """
 
-from jaxvb import diagnostics, families, methods
+from jaxvb import diagnostics, families, kernel, methods
 from jaxvb._arviz import to_arviz
-from jaxvb._fit import FitError, FitWarning, Result, Status, Trace, explain, fit
+from jaxvb._fit import fit
 from jaxvb._laplace import LaplaceInfo, laplace
 from jaxvb._progress import Progress, ProgressInfo
+from jaxvb._result import FitError, FitWarning, Result, Status, Trace, check, explain
 from jaxvb.batch import fit_batched
 from jaxvb.families import (
     Beta,
     Exponential,
     ExponentialFamily,
+    Family,
     Gamma,
     Gaussian,
     GaussianMixture,
@@ -36,6 +38,7 @@ __all__ = [
     "Beta",
     "Exponential",
     "ExponentialFamily",
+    "Family",
     "Factors",
     "FitError",
     "FitWarning",
@@ -50,12 +53,14 @@ __all__ = [
     "Result",
     "Status",
     "Trace",
+    "check",
     "diagnostics",
     "explain",
     "families",
     "fit",
     "fit_batched",
     "init_mixture",
+    "kernel",
     "laplace",
     "methods",
     "to_arviz",

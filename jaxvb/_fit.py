@@ -1,4 +1,4 @@
-"""``fit``: the one stochastic-approximation loop shared by every method.
+"""``fit``: checks, the start, one compiled scan of the kernel, diagnostics, ``check``.
 
 Algorithm 1 of the paper, written once over pytrees of regression statistics:
 
@@ -10,306 +10,36 @@ Algorithm 1 of the paper, written once over pytrees of regression statistics:
         if t > N/2: average s^              # the second half, on the statistics
     q <- solve(average)
 
-The method (``jaxvb.methods``) decides which statistics and how they are estimated.
+The steps are :mod:`jaxvb.kernel`'s; the method (:mod:`jaxvb.methods`) decides which
+statistics and how they are estimated. ``fit`` names no family and no method.
 """
 
 from __future__ import annotations
 
-import enum
 import math
-import warnings
 from collections.abc import Callable
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxvb import _progress, diagnostics
+from jaxvb import _progress, _static, diagnostics, kernel
+from jaxvb._algebra import finite_rows, masked_sum
 from jaxvb._laplace import laplace
-from jaxvb.families._base import ExponentialFamily, is_concrete
-from jaxvb.families.gaussian import Gaussian
-from jaxvb.families.mixture import GaussianMixture
-from jaxvb.methods import Method, gradient, hessian, mixture, regression, sites
-
-
-class Status(enum.IntFlag):
-    """Bit flags in ``Result.status``; ``0`` means the fit went as planned.
-
-    Example:
-      >>> import jaxvb
-      >>> status = jaxvb.Status(12)   # e.g. int(result.status)
-      >>> [flag.name for flag in status]
-      ['NONFINITE_LOG_DENSITY', 'NONFINITE_DIAGNOSTICS']
-      >>> jaxvb.Status.NOT_CONVERGED in status, jaxvb.Status(0) == jaxvb.Status.OK
-      (False, True)
-    """
-
-    OK = 0
-    #: An intermediate update was not a proper distribution (the paper's "increase the
-    #: number of iterations" case) even after ``max_backtracks`` halvings of the step;
-    #: draws continued from the last proper iterate. Harmless in the first steps from a
-    #: poor start; ``fit`` warns only when it happened in the averaged second half.
-    IMPROPER_PROPOSAL = 1
-    #: The averaged solution was not a proper distribution; ``q`` is the last proper
-    #: iterate and should not be trusted.
-    IMPROPER_RESULT = 2
-    #: ``log_joint`` was NaN or infinite at a draw during the fit; that draw was left
-    #: out of the statistics.
-    NONFINITE_LOG_DENSITY = 4
-    #: ``log_joint`` was NaN or infinite at some of the draws used for the diagnostics.
-    NONFINITE_DIAGNOSTICS = 8
-    #: Started from a point ``x0``: the Laplace approximation there was not proper (the
-    #: Hessian at the mode is not negative definite) or its mode search did not converge.
-    LAPLACE_FAILED = 16
-    #: The fitted ``q`` is not a fixed point of the iteration: one more update from fresh
-    #: draws of ``q`` is not a proper distribution, or moves ``q`` by more than 1 nat
-    #: (KL) and by more than its Monte Carlo noise. The iteration had not settled when
-    #: it stopped (typically a start far from the posterior); ``q`` should not be
-    #: trusted.
-    NOT_CONVERGED = 32
-
-
-#: Flags that make a result untrustworthy (``Result.ok`` is False, ``fit`` raises).
-ERRORS = (
-    Status.IMPROPER_RESULT
-    | Status.NONFINITE_LOG_DENSITY
-    | Status.LAPLACE_FAILED
-    | Status.NOT_CONVERGED
+from jaxvb._result import (  # noqa: F401  (re-exported for jaxvb._fit's old users)
+    ERRORS,
+    FitError,
+    FitWarning,
+    Result,
+    Status,
+    Trace,
+    check,
+    explain,
 )
-
-
-class Trace(NamedTuple):
-    """Per-step information, stacked over steps (only with ``fit(..., trace=True)``).
-
-    Attributes:
-      natural_params: ``(num_steps, k)``, the natural parameters of ``q_{t+1}``.
-      log_density: ``(num_steps,)``, the mean of ``log_joint`` over the step's draws.
-      proper: ``(num_steps,)``, whether the step's update was a proper distribution.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxvb
-      >>> log_joint = lambda x: -0.5 * jnp.sum((x - 1.0) ** 2)
-      >>> res = jaxvb.fit(log_joint, jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)),
-      ...                 jax.random.key(0), num_steps=20, num_eval_draws=2, trace=True)
-      >>> res.trace.natural_params.shape, res.trace.log_density.shape   # k = 2 + 3
-      ((20, 5), (20,))
-      >>> bool(res.trace.proper.all())
-      True
-    """
-
-    natural_params: jax.Array
-    log_density: jax.Array
-    proper: jax.Array
-
-
-class Result(NamedTuple):
-    """What :func:`fit` returns: the approximation, its diagnostics and a status.
-
-    Attributes:
-      q: the fitted approximation, of the same family type as ``q0``.
-      elbo, log_evidence, kl, r_squared, residual_variance, elbo_stderr: section 4's
-        diagnostics (see :mod:`jaxvb.diagnostics`).
-      status: ``int32`` bit flags, see :class:`Status`; ``0`` when all went well.
-      first_improper_step, last_improper_step: the first and last steps whose update
-        was improper (``-1`` if none).
-      num_damped_steps: steps whose update was improper at the full step size (or
-        outside the method's trust region, ``Method.step_ok``) and was taken with a
-        smaller one (``fit``'s step control).
-      first_nonfinite_step: the first step at which ``log_joint`` was not finite.
-      nonfinite_draw: the draw ``x`` at that step (zeros if none).
-      fixed_point_shift: how far (KL, nats, to second order) one more update from fresh
-        draws of ``q`` moves it; ``inf`` where that update is not proper, ``nan`` where
-        the check was not run (see :attr:`Status.NOT_CONVERGED`).
-      trace: :class:`Trace` when asked for, else ``None``.
-
-    Example:
-      A Gaussian target, ``exp(-|x - 1|^2 / 8)``, whose normaliser is ``8 pi``:
-
-      >>> import jax, jax.numpy as jnp, jaxvb
-      >>> log_joint = lambda x: -0.5 * jnp.sum((x - 1.0) ** 2 / 4.0)
-      >>> res = jaxvb.fit(log_joint, jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)),
-      ...                 jax.random.key(0), num_steps=20)
-      >>> res.q.mean.round(6).tolist(), round(float(res.log_evidence), 6)   # log 8 pi
-      ([1.0, 1.0], 3.224171)
-      >>> round(float(res.r_squared), 6), int(res.status), bool(res.ok), res.message
-      (1.0, 0, True, 'ok')
-    """
-
-    q: Any
-    elbo: jax.Array
-    log_evidence: jax.Array
-    kl: jax.Array
-    r_squared: jax.Array
-    residual_variance: jax.Array
-    elbo_stderr: jax.Array
-    status: jax.Array
-    first_improper_step: jax.Array
-    last_improper_step: jax.Array
-    num_damped_steps: jax.Array
-    first_nonfinite_step: jax.Array
-    nonfinite_draw: jax.Array
-    fixed_point_shift: jax.Array
-    trace: Trace | None
-
-    @property
-    def ok(self) -> jax.Array:
-        """True where no error flag is set (``IMPROPER_PROPOSAL`` alone is not one)."""
-        return (self.status & int(ERRORS)) == 0
-
-    @property
-    def message(self) -> str:
-        """A readable account of the status flags (of a single, concrete result)."""
-        return explain(self)
-
-
-class FitError(RuntimeError):
-    """A fit whose result cannot be trusted; the flagged result is in ``.result``.
-
-    Example:
-      A Gaussian puts mass where ``log x`` is NaN: the fit raises, and keeps its work.
-
-      >>> import jax, jax.numpy as jnp, jaxvb
-      >>> log_joint = lambda x: jnp.log(x[0]) - x[0]   # Gamma(2, 1), x > 0
-      >>> try:
-      ...     jaxvb.fit(log_joint, jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1)),
-      ...               jax.random.key(0), num_steps=20, num_eval_draws=2)
-      ... except jaxvb.FitError as err:
-      ...     print(err)
-      ...     result = err.result
-      jaxvb.fit: log_joint was not finite at x = [-0.49...] (first at step 3); ...
-      >>> result.q.mean.shape, int(result.first_nonfinite_step)
-      ((1,), 3)
-    """
-
-    def __init__(self, message: str, result: Result):
-        super().__init__(message)
-        self.result = result
-
-
-class FitWarning(UserWarning):
-    """A fit that finished but whose status has a flag worth knowing about.
-
-    Example:
-      An ordinary ``UserWarning`` subclass, so the ``warnings`` filters apply:
-
-      >>> import warnings, jaxvb
-      >>> issubclass(jaxvb.FitWarning, UserWarning)
-      True
-      >>> with warnings.catch_warnings():
-      ...     warnings.simplefilter("error", jaxvb.FitWarning)   # make it an error
-      ...     pass  # fits in here raise instead of warning
-    """
-
-
-def explain(result: Result) -> str:
-    """Describes each flag of a concrete ``result.status``: what happened and what to do.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxvb
-      >>> log_joint = lambda x: jnp.log(x[0]) - x[0]   # Gamma(2, 1), x > 0
-      >>> res = jaxvb.fit(log_joint, jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1)),
-      ...                 jax.random.key(0), num_steps=20, num_eval_draws=2,
-      ...                 on_failure="ignore")
-      >>> print(jaxvb.explain(res))
-      log_joint was not finite at x = [-0.49...] (first at step 3); such draws were left
-      out. Make sure log_joint is finite on the whole support of the approximating family
-      (e.g. use Gamma for a positive parameter, or transform it to the real line).
-    """
-    status = Status(int(np.asarray(result.status)))
-    if status == Status.OK:
-        return "ok"
-    lines = []
-    if Status.IMPROPER_RESULT in status:
-        lines.append(
-            "the averaged statistics do not define a proper distribution, so the fit has "
-            "not converged; `q` is the last proper iterate. Increase num_steps (the paper's "
-            "remedy), start closer to the posterior (fit(log_joint, x0, ...) with a "
-            "point x0 starts from the Laplace approximation there), or use more draws "
-            "per step. If it "
-            "persists, check that the posterior is proper (integrable)."
-        )
-    if Status.IMPROPER_PROPOSAL in status:
-        lines.append(
-            "intermediate updates (steps "
-            f"{int(result.first_improper_step)} to {int(result.last_improper_step)}) were "
-            "not proper distributions (e.g. a negative rate or precision); draws continued "
-            "from the last proper iterate. The result may still be fine (check r_squared); "
-            "a larger num_steps makes this rarer."
-        )
-    if Status.NONFINITE_LOG_DENSITY in status:
-        x = np.asarray(result.nonfinite_draw)
-        lines.append(
-            f"log_joint was not finite at x = {x.tolist()} (first at step "
-            f"{int(result.first_nonfinite_step)}); such draws were left out. Make sure "
-            "log_joint is finite on the whole support of the approximating family (e.g. "
-            "use Gamma for a positive parameter, or transform it to the real line)."
-        )
-    if Status.LAPLACE_FAILED in status:
-        lines.append(
-            "the Laplace approximation at the starting point x0 was not proper or its mode "
-            "search did not converge (see jaxvb.laplace); start from a jaxvb.Gaussian "
-            "instead, or check that the posterior is proper."
-        )
-    if Status.NOT_CONVERGED in status:
-        shift = float(np.asarray(result.fixed_point_shift))
-        moved = (
-            "is not a proper distribution"
-            if not math.isfinite(shift)
-            else f"moves it by {shift:.3g} nats (KL)"
-        )
-        lines.append(
-            f"the fitted q is not a fixed point: one more update from fresh draws of q "
-            f"{moved}, so the iteration had not settled when it stopped. Start from a "
-            "point x0 (fit(log_joint, x0, ...) starts from the Laplace approximation "
-            "there), or increase num_steps."
-        )
-    if Status.NONFINITE_DIAGNOSTICS in status:
-        lines.append(
-            "log_joint was not finite at some draws of the fitted q; the diagnostics "
-            "leave them out. q puts mass where the model has none."
-        )
-    return "; ".join(lines)
-
-
-class _State(NamedTuple):
-    stats: Any
-    sums: Any
-    count: jax.Array
-    q: Any
-    status: jax.Array
-    first_improper_step: jax.Array
-    last_improper_step: jax.Array
-    num_damped_steps: jax.Array
-    first_nonfinite_step: jax.Array
-    nonfinite_draw: jax.Array
-
-
-_METHODS: dict[str, Callable[[], Method]] = {
-    "regression": regression,
-    "hessian": hessian,
-    "gradient": gradient,
-    "sites": sites,
-    "mixture": mixture,
-}
-
-
-def _resolve_method(method, q0, log_joint) -> Method:
-    if method is None:
-        if isinstance(q0, GaussianMixture):
-            m = mixture()
-        else:
-            m = hessian() if isinstance(q0, Gaussian) else regression()
-    elif isinstance(method, Method):
-        m = method
-    elif isinstance(method, str):
-        if method not in _METHODS:
-            raise ValueError(f"unknown method {method!r}; choose from {sorted(_METHODS)}")
-        m = _METHODS[method]()
-    else:
-        raise TypeError(f"method must be a name or a jaxvb.methods.Method, got {method!r}")
-    return m if m.bind is None else m.bind(log_joint)
+from jaxvb.families._base import Family, is_concrete
+from jaxvb.methods import Method, resolve
 
 
 def _check_log_joint(log_joint, q0) -> None:
@@ -342,7 +72,7 @@ def _check_log_joint(log_joint, q0) -> None:
 
 def fit(
     log_joint: Callable[[jax.Array], jax.Array],
-    q0: ExponentialFamily | jax.Array,
+    q0: Family | jax.Array,
     key: jax.Array,
     *,
     num_steps: int,
@@ -352,6 +82,8 @@ def fit(
     antithetic: bool = False,
     max_backtracks: int = 8,
     num_eval_draws: int = 1000,
+    num_check_draws: int | None = None,
+    check_chunk: int = 16,
     trace: bool = False,
     progress: int | Callable | _progress.Progress | None = None,
     on_failure: str = "raise",
@@ -363,6 +95,13 @@ def fit(
     averages the statistics over the second half of the steps and solves them once more.
     Pure and traceable: ``jit`` and ``vmap`` over data and keys work, and the same key
     gives the same result bit for bit.
+
+    ``fit`` is checks, the start, the method (:func:`jaxvb.methods.resolve`), one
+    compiled ``lax.scan`` of :func:`jaxvb.kernel.step`, :func:`jaxvb.kernel.finalize`,
+    the diagnostics and :func:`jaxvb.check`. The compiled program is reused for every
+    call with the same static settings and the same ``log_joint`` -- the same function
+    object, or, for a ``log_joint`` that is a pytree such as
+    ``jax.tree_util.Partial(fn, data)``, the same ``fn`` with data of the same shapes.
 
     Args:
       log_joint: unnormalised log posterior, ``x -> scalar``, for ``x`` of shape
@@ -386,11 +125,19 @@ def fit(
       max_backtracks: step control. An update that is not a proper distribution (e.g.
         a precision that is not positive definite) is retried with half the step, up
         to this many times, before the step is flagged and skipped; so is one outside
-        the method's trust region (``Method.step_ok``), which is then taken at the
-        smallest step. Only the running
+        the method's trust region (:func:`jaxvb.methods.trust_region`), which is then
+        taken at the smallest step. Only the running
         statistics are damped; the second-half average is untouched. ``0`` gives the
         paper's plain iteration.
-      num_eval_draws: draws of the fitted ``q`` for the diagnostics.
+      num_eval_draws: draws of the fitted ``q`` for the diagnostics (evaluated in
+        chunks, so memory does not grow with it).
+      num_check_draws: draws for the convergence check (one more update from fresh
+        draws must give ``q`` back; :attr:`Status.NOT_CONVERGED`), evaluated in chunks
+        of ``check_chunk``. Default ``min(num_eval_draws, 200)``; ``0`` skips the check,
+        as does a number below four times the draws the method needs to solve
+        (Algorithm 1 with a large Gaussian).
+      check_chunk: draws of the convergence check evaluated at once (memory: this many
+        of the method's per-draw statistics and derivative computations).
       trace: also return per-step :class:`Trace` information.
       progress: report the progress of a long fit from inside the compiled loop (off by
         default): an int ``k`` prints the step and the current ELBO and R^2 estimates
@@ -425,18 +172,20 @@ def fit(
         _check_log_joint(log_joint, jax.ShapeDtypeStruct(x0.shape, x0.dtype))
         q0, info = laplace(log_joint, x0, return_info=True)
         laplace_failed = ~(info.converged & info.negative_definite)
-    if not isinstance(q0, ExponentialFamily):
+    if not isinstance(q0, Family):
         raise TypeError(
             f"q0 must be a jaxvb family such as jaxvb.Gaussian(mean, cov), or a starting "
             f"point x0, got {type(q0).__name__}"
         )
-    m = _resolve_method(method, q0, log_joint)
+    m = resolve(method, q0)
     if not isinstance(num_steps, (int, np.integer)) or num_steps < 2:
         raise ValueError(f"num_steps must be an integer >= 2, got {num_steps!r}")
     if not isinstance(max_backtracks, (int, np.integer)) or max_backtracks < 0:
         raise ValueError(f"max_backtracks must be an integer >= 0, got {max_backtracks!r}")
     if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
         raise ValueError(f"num_draws must be a positive integer, got {num_draws!r}")
+    if not isinstance(check_chunk, (int, np.integer)) or check_chunk < 1:
+        raise ValueError(f"check_chunk must be a positive integer, got {check_chunk!r}")
     if on_failure not in ("raise", "warn", "ignore"):
         raise ValueError(
             f"on_failure must be 'raise', 'warn' or 'ignore', got {on_failure!r}"
@@ -459,19 +208,28 @@ def fit(
     if is_concrete(step_size) and not 0.0 < float(step_size) <= 1.0:
         raise ValueError(f"step_size must lie in (0, 1], got {step_size}")
     _check_log_joint(log_joint, q0)
+    if num_check_draws is None:
+        num_check_draws = min(num_eval_draws, 200)
+    # Half the check's draws must solve the method's statistics, with room to spare.
+    if num_check_draws < 4 * needed:
+        num_check_draws = 0
     progress = _progress.resolve(progress, int(num_steps))
+    arrays, static = _static.partition(log_joint)
 
     result = _fit(
-        log_joint,
+        arrays,
         q0,
         key,
         jnp.asarray(step_size, q0.dtype),
+        log_joint=static,
         method=m,
         num_steps=int(num_steps),
         num_draws=int(num_draws),
         antithetic=bool(antithetic),
         max_backtracks=int(max_backtracks),
         num_eval_draws=int(num_eval_draws),
+        num_check_draws=int(num_check_draws),
+        check_chunk=int(check_chunk),
         trace=bool(trace),
         progress=progress,
     )
@@ -480,49 +238,71 @@ def fit(
         # 0.10.2 (x64 on), e.g. for a vmapped fit from batched start points.
         flag = jnp.where(laplace_failed, int(Status.LAPLACE_FAILED), 0).astype(jnp.int32)
         result = result._replace(status=result.status | flag)
-    if on_failure != "ignore" and is_concrete(result.status) and result.status.ndim == 0:
-        status = Status(int(result.status))
-        late_improper = int(result.last_improper_step) > num_steps // 2
-        if status & ERRORS and on_failure == "raise":
-            raise FitError(f"jaxvb.fit: {explain(result)}", result)
-        if status & (ERRORS | Status.NONFINITE_DIAGNOSTICS) or late_improper:
-            warnings.warn(f"jaxvb.fit: {explain(result)}", FitWarning, stacklevel=2)
-    return result
+    return check(result, on_failure, num_steps=num_steps, stacklevel=2)
 
 
-def _finite_rows(stats):
-    """Per draw (leading axis): whether every statistic is finite."""
-    finite = jax.tree_util.tree_map(
-        lambda v: jnp.all(jnp.isfinite(v.reshape(v.shape[0], -1)), axis=1), stats
-    )
-    return jnp.all(jnp.stack(jax.tree_util.tree_leaves(finite)), axis=0)
-
-
-def _fixed_point_check(key, q, log_p_fn, method, num_draws):
+def fixed_point_check(
+    key: jax.Array,
+    q: Any,
+    log_joint: Callable,
+    method: Method,
+    num_draws: int,
+    chunk: int = 16,
+) -> tuple[jax.Array, jax.Array]:
     """``(shift, noise)`` of one more update of ``method`` from fresh draws of ``q``.
 
     At a solution the regression of the paper returns ``q`` itself, so the update from
     draws of a converged ``q`` differs from it by Monte Carlo noise only. ``shift`` is
     KL(q || update) and ``noise`` KL(update_1 || update_2) between the updates of the
     two halves of the draws (about four times the noise of ``shift``), both to second
-    order, ``Var_q[log a - log b] / 2`` on the draws of ``q``: unlike the natural
+    order, ``Var_q[log a - log b] / 2`` on draws of ``q``: unlike the natural
     parameters, ``log_prob`` stays accurate for ill-conditioned Gaussians.
-    """
-    noise = jax.vmap(method.noise, (0, None))(jax.random.split(key, num_draws), q)
-    s_hat, x, _ = jax.vmap(method.estimate, (0, None, None))(noise, q, log_p_fn)
-    ok = _finite_rows(s_hat)
-    first = jnp.arange(num_draws) < num_draws // 2
 
-    def update(mask):
-        use = ok & mask
-        n = jnp.maximum(jnp.sum(use), 1).astype(q.dtype)
-        mean = jax.tree_util.tree_map(
-            lambda v: (
-                jnp.sum(jnp.where(use.reshape((-1,) + (1,) * (v.ndim - 1)), v, 0), 0) / n
-            ),
-            s_hat,
+    The estimates are summed ``chunk`` draws at a time (a ``lax.scan``), so memory is
+    that of ``chunk`` draws' statistics and derivatives, whatever ``num_draws``.
+    """
+    dtype = q.dtype
+    key_est, key_x = jax.random.split(key)
+    half = num_draws // 2
+    width = min(chunk, half)
+    num_chunks = -(-half // width)
+    # The same draws whatever the chunk: the last chunk is padded with repeats, masked.
+    keys = jax.random.split(key_est, 2 * half).reshape(2, half)
+    pad = num_chunks * width - half
+    keys = jnp.concatenate([keys, keys[:, :pad]], axis=1).reshape(2, num_chunks, width)
+    valid = (jnp.arange(num_chunks * width) < half).reshape(num_chunks, width)
+
+    def summed(keys_half):
+        def body(carry, xs):
+            keys_c, valid_c = xs
+            noise = jax.vmap(method.noise, (0, None))(keys_c, q)
+            s_hat, _, _ = jax.vmap(method.estimate, (0, None, None))(noise, q, log_joint)
+            s_hat = jax.tree_util.tree_map(lambda v: v.astype(dtype), s_hat)
+            use = finite_rows(s_hat) & valid_c
+            total, n = carry
+            add = masked_sum(s_hat, use)
+            n = n + jnp.sum(use, dtype=jnp.int32)
+            return (jax.tree_util.tree_map(jnp.add, total, add), n), None
+
+        shapes = jax.eval_shape(
+            lambda k: jax.vmap(method.estimate, (0, None, None))(
+                jax.vmap(method.noise, (0, None))(k, q), q, log_joint
+            )[0],
+            keys_half[0],
         )
-        return method.solve(mean, q)
+        zero = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape[1:], dtype), shapes)
+        carry = (zero, jnp.zeros((), jnp.int32))
+        (total, n), _ = jax.lax.scan(body, carry, (keys_half, valid))
+        return total, n
+
+    total_a, n_a = summed(keys[0])
+    total_b, n_b = summed(keys[1])
+
+    def update(total, n):
+        mean = jax.tree_util.tree_map(lambda v: v / jnp.maximum(n, 1).astype(dtype), total)
+        return method.solve(mean, q, log_joint)
+
+    x = q.sample(key_x, (2 * half,))
 
     def distance(a, b):
         d = jax.vmap(a.log_prob)(x) - jax.vmap(b.log_prob)(x)
@@ -530,12 +310,9 @@ def _fixed_point_check(key, q, log_p_fn, method, num_draws):
         proper = a.is_proper & b.is_proper & jnp.isfinite(value)
         return jnp.where(proper, value, jnp.inf)
 
-    shift = distance(q, update(jnp.ones_like(first)))
-    return shift, distance(update(first), update(~first))
-
-
-def _where_tree(pred, a, b):
-    return jax.tree_util.tree_map(lambda u, v: jnp.where(pred, u, v), a, b)
+    both = jax.tree_util.tree_map(jnp.add, total_a, total_b)
+    shift = distance(q, update(both, n_a + n_b))
+    return shift, distance(update(total_a, n_a), update(total_b, n_b))
 
 
 @partial(
@@ -548,25 +325,31 @@ def _where_tree(pred, a, b):
         "antithetic",
         "max_backtracks",
         "num_eval_draws",
+        "num_check_draws",
+        "check_chunk",
         "trace",
         "progress",
     ),
 )
 def _fit(
-    log_joint,
+    arrays,
     q0,
     key,
     w,
     *,
+    log_joint,
     method,
     num_steps,
     num_draws,
     antithetic,
     max_backtracks,
     num_eval_draws,
+    num_check_draws,
+    check_chunk,
     trace,
     progress,
 ):
+    log_joint = _static.combine(arrays, log_joint)
     dtype = q0.dtype
 
     def log_p_fn(x):
@@ -578,115 +361,30 @@ def _fit(
         key, key_batch = jax.random.split(key)
     key_init, key_fit, key_eval = jax.random.split(key, 3)
     key_progress = jax.random.fold_in(key_eval, 2)  # never used by the iteration
-    stats0 = method.init(key_init, q0, log_p_fn)
-    state0 = _State(
-        stats=stats0,
-        sums=jax.tree_util.tree_map(jnp.zeros_like, stats0),
-        count=jnp.zeros((), dtype),
-        q=q0,
-        status=jnp.zeros((), jnp.int32),
-        first_improper_step=jnp.full((), -1, jnp.int32),
-        last_improper_step=jnp.full((), -1, jnp.int32),
-        num_damped_steps=jnp.zeros((), jnp.int32),
-        first_nonfinite_step=jnp.full((), -1, jnp.int32),
-        nonfinite_draw=jnp.zeros(q0.event_shape, dtype),
-    )
-    half = num_steps / 2
+    state0 = kernel.init(key_init, q0, log_joint, method)
 
-    def step(state, inputs):
+    def body(state, inputs):
         keys_t, t = inputs
-        q = state.q
-        target = log_p_fn
-        if key_batch is not None:  # this step's unbiased minibatch estimate of log p
-            batch_log_joint = log_joint.batch(key_batch, t)
-
-            def target(x):
-                return jnp.asarray(batch_log_joint(x)).astype(dtype)
-
-        noise = jax.vmap(method.noise, (0, None))(keys_t, q)
-        if antithetic:
-            flipped = jax.vmap(lambda n: jax.tree_util.tree_map(q.antithetic, n))(noise)
-            noise = jax.tree_util.tree_map(
-                lambda a, b: jnp.concatenate([a, b]), noise, flipped
-            )
-        s_hat, x, log_p = jax.vmap(method.estimate, (0, None, None))(noise, q, target)
-
-        ok = _finite_rows(s_hat)  # a draw counts only if all its statistics are finite
-        n_ok = jnp.sum(ok).astype(dtype)
-        total = jax.tree_util.tree_map(
-            lambda v: jnp.sum(jnp.where(ok.reshape((-1,) + (1,) * (v.ndim - 1)), v, 0), 0),
-            s_hat,
+        # this step's unbiased minibatch estimate of log p, or log p itself
+        target = log_joint if key_batch is None else log_joint.batch(key_batch, t)
+        state, info = kernel.step(
+            keys_t,
+            state,
+            t,
+            target,
+            method,
+            step_size=w,
+            average_from=num_steps / 2,
+            antithetic=antithetic,
+            max_backtracks=max_backtracks,
         )
-        mean = jax.tree_util.tree_map(lambda v: v / jnp.maximum(n_ok, 1.0), total)
-        w_t = jnp.where(n_ok > 0, w, 0.0)
-
-        def attempt(w_try):
-            stats = jax.tree_util.tree_map(
-                lambda s, h: (1.0 - w_try) * s + w_try * h, state.stats, mean
-            )
-            q_new = method.solve(stats, q)
-            proper = q_new.is_proper
-            take = proper if method.step_ok is None else proper & method.step_ok(q, q_new)
-            return stats, q_new, proper, take
-
-        # Step control: halve the step until the update is proper and, where the method
-        # has a trust region, near enough (or give up: improper is then skipped, a
-        # proper but far update taken at the smallest step).
-        def retry(carry):
-            w_try, _, _, _, _, n = carry
-            return (0.5 * w_try, *attempt(0.5 * w_try), n + 1)
-
-        def refused(carry):
-            return ~carry[4] & (carry[5] < max_backtracks)
-
-        first = (w_t, *attempt(w_t), jnp.zeros((), jnp.int32))
-        # The loop sits behind a cond: most steps are taken at once, and on the CPU a
-        # while loop that runs zero times still costs (copies of its carry, no fusion
-        # across it): the 250-step SV fit took 79 ms with it, 45 ms behind the cond.
-        _, stats, q_new, proper, _, tries = jax.lax.cond(
-            first[4],
-            lambda c: c,
-            lambda c: jax.lax.while_loop(refused, retry, c),
-            first,
-        )
-        in_avg = t > half
-        sums = jax.tree_util.tree_map(
-            lambda a, v: a + jnp.where(in_avg, v, 0.0), state.sums, total
-        )
-        count = state.count + jnp.where(in_avg, n_ok, 0.0)
-
-        q_next = _where_tree(proper, q_new, q)
-
-        bad = ~jnp.all(ok)
-        first_bad = jnp.argmin(ok)
-        new_nonfinite = bad & (state.first_nonfinite_step < 0)
-        new_improper = ~proper & (state.first_improper_step < 0)
-        status = (
-            state.status
-            | jnp.where(proper, 0, int(Status.IMPROPER_PROPOSAL))
-            | jnp.where(bad, int(Status.NONFINITE_LOG_DENSITY), 0)
-        ).astype(jnp.int32)
-        new_state = _State(
-            stats=stats,
-            sums=sums,
-            count=count,
-            q=q_next,
-            status=status,
-            first_improper_step=jnp.where(new_improper, t, state.first_improper_step),
-            last_improper_step=jnp.where(proper, state.last_improper_step, t),
-            num_damped_steps=state.num_damped_steps + (proper & (tries > 0)),
-            first_nonfinite_step=jnp.where(new_nonfinite, t, state.first_nonfinite_step),
-            nonfinite_draw=jnp.where(
-                new_nonfinite, x[first_bad].astype(dtype), state.nonfinite_draw
-            ),
-        )
-        info = None
-        if trace:
-            mean_log_p = jnp.sum(jnp.where(ok, log_p, 0.0)) / jnp.maximum(n_ok, 1.0)
-            info = Trace(q_next.natural_params, mean_log_p, proper)
         if progress is not None:
-            _progress.report(progress, key_progress, t, num_steps, q_next, log_p_fn, status)
-        return new_state, info
+            _progress.report(
+                progress, key_progress, t, num_steps, state.q, log_p_fn, state.status
+            )
+        if not trace:
+            return state, None
+        return state, Trace(state.q.natural_params, info.log_density, info.proper)
 
     # Every step's draw keys, split before the loop (the same keys as splitting each
     # step's key inside it): inside, each split is a chain of small runtime steps
@@ -695,24 +393,22 @@ def _fit(
         jax.random.split(key_fit, num_steps)
     )
     steps = jnp.arange(1, num_steps + 1, dtype=jnp.int32)
-    state, infos = jax.lax.scan(step, state0, (keys, steps))
+    state, infos = jax.lax.scan(body, state0, (keys, steps))
 
-    averaged = jax.tree_util.tree_map(
-        lambda v: v / jnp.maximum(state.count, 1.0), state.sums
-    )
-    q_avg = method.solve(averaged, state.q)
-    good = q_avg.is_proper & (state.count > 0)
-    q = _where_tree(good, q_avg, state.q)
+    q, good = kernel.finalize(state, method, log_joint)
     status = state.status | jnp.where(good, 0, int(Status.IMPROPER_RESULT))
 
     # Did the iteration settle? One more update from fresh draws of q must give q back
-    # (up to its noise). It needs several times the method's unknowns in draws, so it
-    # is skipped where 200 are too few (Algorithm 1 with a large Gaussian).
-    num_check = min(num_eval_draws, 200)
+    # (up to its noise).
     shift = jnp.full((), jnp.nan, dtype)
-    if method.check_fixed_point and num_check >= 4 * method.min_draws(q):
-        shift, noise = _fixed_point_check(
-            jax.random.fold_in(key_eval, 1), q, log_p_fn, method, num_check
+    if num_check_draws:
+        shift, noise = fixed_point_check(
+            jax.random.fold_in(key_eval, 1),
+            q,
+            log_joint,
+            method,
+            num_check_draws,
+            check_chunk,
         )
         settled = jnp.isfinite(shift) & (shift <= jnp.maximum(1.0, noise))
         status = status | jnp.where(good & ~settled, int(Status.NOT_CONVERGED), 0)

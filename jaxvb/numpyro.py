@@ -46,9 +46,9 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess by the 
     ) from e
 
 from jaxvb._arviz import from_draws
-from jaxvb._fit import FitError, Result
 from jaxvb._fit import fit as _fit
-from jaxvb.families._base import ExponentialFamily, is_concrete
+from jaxvb._result import FitError, Result
+from jaxvb.families._base import Family, is_concrete
 from jaxvb.methods import Method
 
 __all__ = ["LogJoint", "MinibatchLogJoint", "NumPyroResult", "fit", "log_joint"]
@@ -509,7 +509,7 @@ def fit(
     *model_args: Any,
     num_steps: int,
     method: str | Method | None = None,
-    init: Callable | ExponentialFamily | jax.Array | None = None,
+    init: Callable | Family | jax.Array | None = None,
     fit_kwargs: Mapping[str, Any] | None = None,
     **model_kwargs: Any,
 ) -> NumPyroResult:
@@ -577,7 +577,7 @@ def fit(
     key_init, key_fit = jax.random.split(key)
     if init is None:
         init = init_to_median
-    if isinstance(init, ExponentialFamily):
+    if isinstance(init, Family):
         if tuple(init.event_shape) != (lj.dim,):
             raise ValueError(
                 f"jaxvb.numpyro.fit: init has event shape {tuple(init.event_shape)}, but "

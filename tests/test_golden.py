@@ -7,10 +7,13 @@ file as a script before the engine was rewritten (issue 14)::
 
     python tests/test_golden.py --write
 
-and the test asserts them to 1e-9 relative. Not bit for bit: XLA may reassociate sums
+and the test asserts them to 1e-7 relative. Not bit for bit: XLA may reassociate sums
 across jaxlib versions, and the dense Gaussian's draws now come from the Cholesky factor
 of the precision instead of that of the covariance (the same numbers in exact arithmetic,
-not in the last bits); a changed stream or algorithm moves them by ~1e-2.
+not in the last bits). Such rounding differences, amplified over a few hundred
+nonlinear steps, reach ~2e-9 (the beta-binomial mixture); a changed random stream, a
+different estimate or a changed step moves the results by the Monte Carlo error, ~1e-3
+or more, four orders of magnitude above the tolerance.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from jaxvb.models import beta_binomial, eight_schools, probit  # noqa: E402
 from jaxvb.models import stochastic_volatility as sv  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "data" / "golden.json"
-RTOL = 1e-9
+RTOL = 1e-7
 
 
 def _probit_data():
@@ -156,7 +159,7 @@ def test_golden(name):
     assert got["num_damped_steps"] == want["num_damped_steps"]
     np.testing.assert_allclose(got["q"], want["q"], rtol=RTOL, atol=1e-12)
     np.testing.assert_allclose(got["elbo"], want["elbo"], rtol=RTOL)
-    np.testing.assert_allclose(got["r_squared"], want["r_squared"], rtol=1e-7)
+    np.testing.assert_allclose(got["r_squared"], want["r_squared"], rtol=1e-6)
 
 
 if __name__ == "__main__" and "--write" in sys.argv:

@@ -356,9 +356,9 @@ def test_trust_region_refuses_the_jump_that_stalled_a_fit():
         return dataclasses.replace(q, scalars=blocks)
 
     flat = with_s2([1.132, 0.1273, -0.0252])
-    assert not bool(method.step_ok(flat, with_s2([476.6, 27.53, -5.058])))
-    assert bool(method.step_ok(flat, with_s2([1.2, 0.13, -0.026])))
-    assert hierarchical(sv.model_structure(y), max_step_kl=None).step_ok is None
+    assert not bool(method.accept(flat, with_s2([476.6, 27.53, -5.058])))
+    assert bool(method.accept(flat, with_s2([1.2, 0.13, -0.026])))
+    assert hierarchical(sv.model_structure(y), max_step_kl=None).accept is None
 
 
 def test_sites_that_leave_the_border_to_the_prior_are_proper():

@@ -1,6 +1,6 @@
 """Approximating families: exponential families as immutable pytrees."""
 
-from jaxvb.families._base import ExponentialFamily, ScalarFamily, register_family
+from jaxvb.families._base import ExponentialFamily, Family, ScalarFamily, register_family
 from jaxvb.families.beta import Beta
 from jaxvb.families.exponential import Exponential
 from jaxvb.families.gamma import Gamma
@@ -12,6 +12,7 @@ __all__ = [
     "Beta",
     "Exponential",
     "ExponentialFamily",
+    "Family",
     "Gamma",
     "Gaussian",
     "GaussianMixture",

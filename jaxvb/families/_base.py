@@ -14,6 +14,7 @@ sampling -- is derived here, mostly by differentiating ``U`` with JAX.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 from typing import Any
@@ -32,20 +33,43 @@ def register_family(cls):
     Unflattening bypasses ``__init__`` so that JAX can rebuild a family from tracers,
     batched leaves or placeholder objects without running the user-facing validation.
 
+    A family that leaves out a piece of its protocol is refused here, when the class
+    is created, rather than deep inside a traced fit.
+
     Example:
       >>> import dataclasses, jax, jax.numpy as jnp
-      >>> from jaxvb.families import ExponentialFamily, register_family
-      >>> @register_family
-      ... class Located(ExponentialFamily):
+      >>> from jaxvb.families import Family, register_family
+      >>> class Located(Family):   # a point mass: what Family asks, and nothing else
       ...     loc: jax.Array
       ...     name: str = dataclasses.field(default="x", metadata={"static": True})
+      ...     event_shape = property(lambda self: self.loc.shape)
+      ...     is_proper = property(lambda self: jnp.all(jnp.isfinite(self.loc)))
+      ...     def noise(self, key):
+      ...         return jnp.zeros(())
+      ...     def from_noise(self, noise):
+      ...         return self.loc + noise
+      ...     def log_prob(self, x):
+      ...         return jnp.where(jnp.all(x == self.loc), 0.0, -jnp.inf)
+      >>> Located = register_family(Located)
       >>> q = Located(jnp.ones(2))
       >>> [leaf.tolist() for leaf in jax.tree_util.tree_leaves(q)]   # name is static
       [[1.0, 1.0]]
       >>> doubled = jax.tree_util.tree_map(lambda v: 2 * v, q)
       >>> doubled.loc.tolist(), doubled.name
       ([2.0, 2.0], 'x')
+      >>> @register_family
+      ... class Incomplete(Family):
+      ...     loc: jax.Array
+      Traceback (most recent call last):
+      ...
+      TypeError: Incomplete does not implement event_shape, from_noise, is_proper, log_prob, noise, which every Family must provide
     """
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise TypeError(
+            f"{cls.__name__} does not implement {', '.join(missing)}, which every "
+            f"{_required_by(cls)} must provide"
+        )
     cls = dataclasses.dataclass(frozen=True, eq=False, repr=False)(cls)
     fields = dataclasses.fields(cls)
     data = tuple(f.name for f in fields if not f.metadata.get("static", False))
@@ -111,8 +135,99 @@ def check_positive(name: str, family: str, value: Array) -> None:
             )
 
 
-class ExponentialFamily:
-    """Base class of the approximating families.
+def _required_by(cls) -> str:
+    return next(
+        base.__name__
+        for base in cls.__mro__
+        if base.__name__ in ("ScalarFamily", "ExponentialFamily", "Family")
+    )
+
+
+class Family(abc.ABC):
+    """What :func:`jaxvb.fit` needs of an approximating distribution.
+
+    An immutable pytree (decorate subclasses with :func:`register_family`) with a
+    reparameterised sampler split into ``noise`` (parameter-free randomness) and
+    ``from_noise`` (the differentiable map ``s(eta, z)``), a log density and a check
+    that its parameters are proper. Most families are an :class:`ExponentialFamily`;
+    one that is not (:class:`~jaxvb.GaussianMixture`) is a ``Family`` fitted by a
+    method of its own. A subclass that leaves out an abstract method is refused when
+    it is registered.
+    """
+
+    @property
+    @abc.abstractmethod
+    def event_shape(self) -> tuple[int, ...]:
+        """The shape of one draw ``x``."""
+
+    @property
+    def dtype(self):
+        return jax.tree_util.tree_leaves(self)[0].dtype
+
+    @property
+    @abc.abstractmethod
+    def is_proper(self) -> Array:
+        """Whether the parameters define a proper distribution (a boolean scalar)."""
+
+    @abc.abstractmethod
+    def noise(self, key: Array) -> Any:
+        """Parameter-free randomness for one draw (a pytree)."""
+
+    @abc.abstractmethod
+    def from_noise(self, noise: Any) -> Array:
+        """The draw ``s(eta, noise)``; differentiable in the parameters."""
+
+    @abc.abstractmethod
+    def log_prob(self, x: Array) -> Array:
+        """log q(x) for one draw ``x`` (``-inf`` outside the support)."""
+
+    def antithetic(self, noise: Any) -> Any:
+        """Noise whose draw is negatively correlated with ``from_noise(noise)``."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no antithetic sampler: its draws are not a "
+            "symmetric transform of standard noise. Use antithetic=False, or more draws "
+            "per step (num_draws)."
+        )
+
+    def in_support(self, x: Array) -> Array:
+        """Whether ``x`` lies in the support (a boolean scalar)."""
+        return jnp.all(jnp.isfinite(x))
+
+    def sample(self, key: Array, sample_shape: tuple[int, ...] = ()) -> Array:
+        """Draws of shape ``sample_shape + event_shape``; reparameterised where JAX can."""
+        n = math.prod(sample_shape)
+        if sample_shape == ():
+            return self.from_noise(self.noise(key))
+        keys = jax.random.split(key, n)
+        draws = jax.vmap(lambda k: self.from_noise(self.noise(k)))(keys)
+        return draws.reshape(tuple(sample_shape) + self.event_shape)
+
+    def sample_and_log_prob(
+        self, key: Array, sample_shape: tuple[int, ...] = ()
+    ) -> tuple[Array, Array]:
+        """``sample(key, sample_shape)`` and ``log_prob`` of each draw.
+
+        A family overrides it where the density of its own draws is cheaper than
+        ``log_prob`` of an arbitrary point (distrax's ``sample_and_log_prob``).
+        """
+        x = self.sample(key, sample_shape)
+        flat = x.reshape((-1,) + self.event_shape)
+        log_q = jax.vmap(self.log_prob)(flat).reshape(tuple(sample_shape))
+        return x, log_q
+
+    def __repr__(self) -> str:
+        parts = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if is_concrete(v) and hasattr(v, "shape") and np.size(v) <= 6:
+                parts.append(f"{f.name}={np.asarray(v).tolist()}")
+            else:
+                parts.append(f"{f.name}={getattr(v, 'shape', v)}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+
+class ExponentialFamily(Family):
+    """Base class of the exponential-family approximations.
 
     Subclasses are decorated with :func:`register_family`; see the module docstring for
     what they must implement. ``event_shape`` is the shape of one draw ``x``.
@@ -135,61 +250,29 @@ class ExponentialFamily:
       False
     """
 
-    # --- what a subclass implements -------------------------------------------------
+    # --- what a subclass implements (with Family's event_shape, is_proper, noise,
+    # from_noise) ---------------------------------------------------------------------
 
-    @property
-    def event_shape(self) -> tuple[int, ...]:
-        raise NotImplementedError
-
-    @property
-    def dtype(self):
-        return jax.tree_util.tree_leaves(self)[0].dtype
-
+    @abc.abstractmethod
     def sufficient_stats(self, x: Array) -> Array:
         """T(x), shape ``(k,)``, for one draw ``x`` of shape ``event_shape``."""
-        raise NotImplementedError
 
     @property
+    @abc.abstractmethod
     def natural_params(self) -> Array:
         """eta, shape ``(k,)``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def from_natural(self, eta: Array) -> ExponentialFamily:
         """The family of this type and shape with natural parameters ``eta``.
 
         No check is made here: an ``eta`` outside the natural parameter space gives a
         family whose ``is_proper`` is False (its fields may hold NaN).
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _log_normalizer(self, eta: Array) -> Array:
         """U(eta) for natural parameters ``eta`` of this family's shape."""
-        raise NotImplementedError
-
-    @property
-    def is_proper(self) -> Array:
-        """Whether the parameters define a proper distribution (a boolean scalar)."""
-        raise NotImplementedError
-
-    def noise(self, key: Array) -> Any:
-        """Parameter-free randomness for one draw (a pytree)."""
-        raise NotImplementedError
-
-    def from_noise(self, noise: Any) -> Array:
-        """The draw ``s(eta, noise)``; differentiable in the parameters."""
-        raise NotImplementedError
-
-    def antithetic(self, noise: Any) -> Any:
-        """Noise whose draw is negatively correlated with ``from_noise(noise)``."""
-        raise NotImplementedError(
-            f"{type(self).__name__} has no antithetic sampler: its draws are not a "
-            "symmetric transform of standard noise. Use antithetic=False, or more draws "
-            "per step (num_draws)."
-        )
-
-    def in_support(self, x: Array) -> Array:
-        """Whether ``x`` lies in the support (a boolean scalar)."""
-        return jnp.all(jnp.isfinite(x))
 
     def log_base_measure(self, x: Array) -> Array:
         """log nu(x); zero for every family here."""
@@ -257,38 +340,6 @@ class ExponentialFamily:
         """H[q] = U(eta) - eta . E[T] - E[log nu]."""
         return self.log_normalizer - self.natural_params @ self.mean_sufficient_stats
 
-    def sample(self, key: Array, sample_shape: tuple[int, ...] = ()) -> Array:
-        """Draws of shape ``sample_shape + event_shape``; reparameterised where JAX can."""
-        n = math.prod(sample_shape)
-        if sample_shape == ():
-            return self.from_noise(self.noise(key))
-        keys = jax.random.split(key, n)
-        draws = jax.vmap(lambda k: self.from_noise(self.noise(k)))(keys)
-        return draws.reshape(tuple(sample_shape) + self.event_shape)
-
-    def sample_and_log_prob(
-        self, key: Array, sample_shape: tuple[int, ...] = ()
-    ) -> tuple[Array, Array]:
-        """``sample(key, sample_shape)`` and ``log_prob`` of each draw.
-
-        A family overrides it where the density of its own draws is cheaper than
-        ``log_prob`` of an arbitrary point (distrax's ``sample_and_log_prob``).
-        """
-        x = self.sample(key, sample_shape)
-        flat = x.reshape((-1,) + self.event_shape)
-        log_q = jax.vmap(self.log_prob)(flat).reshape(tuple(sample_shape))
-        return x, log_q
-
-    def __repr__(self) -> str:
-        parts = []
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if is_concrete(v) and hasattr(v, "shape") and np.size(v) <= 6:
-                parts.append(f"{f.name}={np.asarray(v).tolist()}")
-            else:
-                parts.append(f"{f.name}={getattr(v, 'shape', v)}")
-        return f"{type(self).__name__}({', '.join(parts)})"
-
 
 class ScalarFamily(ExponentialFamily):
     """A product of independent scalar exponential families, one per element.
@@ -340,17 +391,21 @@ class ScalarFamily(ExponentialFamily):
             object.__setattr__(self, name, value)
             check_positive(name, type(self).__name__, value)
 
+    @abc.abstractmethod
     def _natural_parts(self) -> tuple[Array, ...]:
-        raise NotImplementedError
+        """See the class docstring."""
 
+    @abc.abstractmethod
     def _from_natural_parts(self, *parts: Array) -> ScalarFamily:
-        raise NotImplementedError
+        """See the class docstring."""
 
+    @abc.abstractmethod
     def _stats_parts(self, x: Array) -> tuple[Array, ...]:
-        raise NotImplementedError
+        """See the class docstring."""
 
+    @abc.abstractmethod
     def _log_normalizer_parts(self, *parts: Array) -> Array:
-        raise NotImplementedError
+        """See the class docstring."""
 
     @property
     def event_shape(self) -> tuple[int, ...]:

@@ -22,19 +22,13 @@ from jax.scipy.special import ndtri
 
 from jaxvb.families._base import (
     Array,
-    ExponentialFamily,
+    Family,
     as_float_arrays,
     build,
     is_concrete,
     register_family,
 )
 from jaxvb.families.gaussian import Gaussian
-
-_NOT_EXPONENTIAL = (
-    "GaussianMixture is not an exponential family in x (only the joint q(x, u) with the "
-    "component label u is), so it has no {what}. Fit it with jaxvb.fit's default "
-    "method for a mixture, jaxvb.methods.mixture()."
-)
 
 
 def _halton(n: int, d: int) -> np.ndarray:
@@ -58,7 +52,7 @@ def _halton(n: int, d: int) -> np.ndarray:
 
 
 @register_family
-class GaussianMixture(ExponentialFamily):
+class GaussianMixture(Family):
     r"""Mixture ``q(x) = sum_i w_i N(x | m_i, S_i)`` of ``K`` multivariate normals.
 
     The number of components ``K`` and the dimension ``d`` are read off the shapes; the
@@ -305,24 +299,13 @@ class GaussianMixture(ExponentialFamily):
         """A label drawn from the weights by :meth:`component_noise`'s last normal."""
         return self._label(noise[-1])
 
-    # --- the exponential-family view of the joint q(x, u) ----------------------------
+    # --- the joint q(x, u), an exponential family ------------------------------------
 
     @property
     def natural_params(self) -> Array:
         """``(log w, eta_1, ..., eta_K)``: the joint's, with ``eta_i`` component ``i``'s."""
         etas = jax.vmap(lambda c: c.natural_params)(self.components)
         return jnp.concatenate([self.log_weights, etas.ravel()])
-
-    def sufficient_stats(self, x):
-        raise NotImplementedError(
-            _NOT_EXPONENTIAL.format(what="sufficient statistics T(x)")
-        )
-
-    def from_natural(self, eta):
-        raise NotImplementedError(_NOT_EXPONENTIAL.format(what="from_natural"))
-
-    def _log_normalizer(self, eta):
-        raise NotImplementedError(_NOT_EXPONENTIAL.format(what="log normaliser U(eta)"))
 
     @property
     def entropy(self):

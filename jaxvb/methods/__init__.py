@@ -1,6 +1,7 @@
 """Methods: how the regression statistics are estimated and solved."""
 
-from jaxvb.methods._base import Method, value_grad_hessian
+from jaxvb.methods._base import Method, trust_region, value_grad_hessian
+from jaxvb.methods._registry import names, register, resolve
 from jaxvb.methods.gradient import MEAN_CHOLESKY, GradientStats, Parameterization, gradient
 from jaxvb.methods.hessian import HessianStats, hessian
 from jaxvb.methods.mixture import MixtureStats, init_mixture, mixture
@@ -20,8 +21,12 @@ __all__ = [
     "init_mixture",
     "mixture",
     "MixtureStats",
+    "names",
+    "register",
+    "resolve",
     "regression",
     "SiteStats",
     "sites",
+    "trust_region",
     "value_grad_hessian",
 ]

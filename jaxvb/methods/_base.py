@@ -7,12 +7,32 @@ from typing import Any, NamedTuple
 
 import jax
 
+from jaxvb.families._base import ExponentialFamily
+
+
+def require_exponential_family(q: Any, method: str) -> None:
+    """Raises a ``TypeError`` naming the remedy where ``q`` is no exponential family.
+
+    Algorithm 1 and the gradient estimator regress on the sufficient statistics of
+    ``q``; a family without them (a mixture) has a method of its own.
+    """
+    if not isinstance(q, ExponentialFamily):
+        raise TypeError(
+            f"method={method!r} needs an exponential family q0 (a jaxvb.ExponentialFamily "
+            f"with sufficient statistics T(x)); {type(q).__name__} is not an exponential "
+            "family. Use the method it is registered with: jaxvb.fit's default for it."
+        )
+
 
 class Method(NamedTuple):
     """A way of forming and solving the regression statistics of the paper.
 
     ``fit`` is the only loop; a method only says which statistics it keeps and how one
-    draw estimates them. All four functions are pure and traceable.
+    draw estimates them. All its functions are pure and traceable. Each that can
+    need the model is given the ``log_joint`` passed to ``fit`` as it is (for a
+    minibatch log joint, that step's estimate), so a method that reads structure from
+    it (:func:`jaxvb.methods.sites` reads a :class:`jaxvb.Factors`) needs no more;
+    ``fit`` casts the statistics to ``q``'s dtype.
 
     Attributes:
       name: a short label for messages.
@@ -22,22 +42,15 @@ class Method(NamedTuple):
       estimate: ``estimate(noise, q, log_joint) -> (stats_hat, x, log_p)``: an unbiased
         estimate of the statistics at ``q`` from one draw, the draw ``x`` and
         ``log_joint(x)``.
-      solve: ``solve(stats, q) -> q_new``, the approximation the statistics define
-        (possibly improper; ``fit`` checks ``q_new.is_proper``).
+      solve: ``solve(stats, q, log_joint) -> q_new``, the approximation the statistics
+        define (possibly improper; ``fit`` checks ``q_new.is_proper``).
       min_draws: ``min_draws(q) -> int``, how many draws the averaged statistics must
         hold to be solvable (``k + 1`` for a full regression).
-      bind: ``None``, or ``bind(log_joint) -> Method`` for a method that needs to know
-        the structure of the log joint (:func:`jaxvb.methods.sites` reads the factors of
-        a :class:`jaxvb.Factors`); ``fit`` calls it once before running.
-      check_fixed_point: whether ``fit`` ends with its convergence check (one more
-        update from fresh draws must give ``q`` back; ``Status.NOT_CONVERGED``). It
-        needs ``estimate``'s ``x`` to be draws of ``q``; a Rao-Blackwellised method whose
-        ``x`` is not (e.g. a conditional mean) turns it off.
-      step_ok: ``None``, or ``step_ok(q, q_new) -> bool``: whether a proper update is
-        close enough to ``q`` to take whole. ``fit``'s step control halves the step of
-        an update that is not (as of an improper one) and, after ``max_backtracks``
-        halvings, takes the last proper one. A trust region against the rare huge
-        update of a noisy single-draw estimate (:func:`jaxvb.composite.hierarchical`).
+      accept: ``None``, or ``accept(q, q_new) -> bool``: whether ``fit``'s step control
+        takes an update whole. ``None`` takes every proper update. A step whose
+        update is refused is halved (up to ``max_backtracks`` times); after that a
+        proper update is taken at the smallest step and an improper one skipped.
+        Set by wrappers such as :func:`trust_region`, not by a method for itself.
 
     Example:
       The factories of :mod:`jaxvb.methods` build them; ``fit`` takes any ``Method``:
@@ -48,7 +61,7 @@ class Method(NamedTuple):
       >>> method.name, method.min_draws(q0), jaxvb.methods.regression().min_draws(q0)
       ('regression(analytic, init=analytic)', 1, 3)
       >>> stats = method.init(jax.random.key(0), q0, None)   # C_1, g_1 = C_1 eta~_1 ...
-      >>> q1 = method.solve(stats, q0)                       # ... which solve back to q0
+      >>> q1 = method.solve(stats, q0, None)                 # ... which solve back to q0
       >>> bool(jnp.allclose(q1.natural_params, q0.natural_params))
       True
     """
@@ -57,11 +70,47 @@ class Method(NamedTuple):
     init: Callable[[Any, Any, Callable], Any]
     noise: Callable[[Any, Any], Any]
     estimate: Callable[[Any, Any, Callable], tuple[Any, Any, Any]]
-    solve: Callable[[Any, Any], Any]
+    solve: Callable[[Any, Any, Callable], Any]
     min_draws: Callable[[Any], int]
-    bind: Callable[[Any], Method] | None = None
-    check_fixed_point: bool = True
-    step_ok: Callable[[Any, Any], Any] | None = None
+    accept: Callable[[Any, Any], Any] | None = None
+
+
+def trust_region(
+    method: Method, distance: Callable[[Any, Any], Any], max_distance: float
+) -> Method:
+    """``method`` whose step control refuses updates farther than ``max_distance``.
+
+    An update ``q_new`` with ``distance(q, q_new) > max_distance`` (or NaN) is treated
+    as ``fit``'s step control treats an improper one: the step is halved and tried
+    again; after ``max_backtracks`` halvings the last proper attempt is taken (and
+    counted in ``Result.num_damped_steps``). A guard against the rare huge update of a
+    noisy single-draw estimate; the averaged statistics are not changed.
+
+    Args:
+      method: any :class:`Method`.
+      distance: ``(q, q_new) -> scalar``, e.g. a KL divergence.
+      max_distance: the largest accepted distance.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> from jaxvb.methods import regression, trust_region
+      >>> kl = lambda q, q_new: q_new.kl_divergence(q)
+      >>> method = trust_region(regression(), kl, 0.1)
+      >>> res = jaxvb.fit(lambda x: 3.0 * jnp.log(x[0]) - 2.0 * x[0],   # Gamma(4, 2)
+      ...                 jaxvb.Gamma(jnp.ones(1), jnp.ones(1)), jax.random.key(0),
+      ...                 num_steps=50, method=method)
+      >>> method.name, int(res.num_damped_steps) > 0, res.q.concentration.round(4).tolist()
+      ('regression(joint, init=analytic)+trust_region(0.1)', True, [4.0])
+    """
+    inner = method.accept
+
+    def accept(q, q_new):
+        ok = distance(q, q_new) <= max_distance  # False for NaN
+        return ok if inner is None else ok & inner(q, q_new)
+
+    return method._replace(
+        name=f"{method.name}+trust_region({max_distance:g})", accept=accept
+    )
 
 
 def value_grad_hessian(log_joint: Callable) -> Callable:

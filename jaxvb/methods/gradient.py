@@ -47,7 +47,8 @@ from jax.scipy.linalg import solve_triangular
 from jaxvb.families._base import build
 from jaxvb.families.gaussian import Gaussian
 from jaxvb.linalg import _small as small
-from jaxvb.methods._base import Method
+from jaxvb.methods._base import Method, require_exponential_family
+from jaxvb.methods._registry import register
 
 
 class GradientStats(NamedTuple):
@@ -60,7 +61,7 @@ class GradientStats(NamedTuple):
       >>> q0 = jaxvb.Gamma(jnp.ones(1), jnp.ones(1))
       >>> method = jaxvb.methods.gradient()
       >>> stats = method.init(jax.random.key(0), q0, None)
-      >>> stats.C.shape, stats.g.shape, method.solve(stats, q0)
+      >>> stats.C.shape, stats.g.shape, method.solve(stats, q0, None)
       ((2, 2), (2,), Gamma(concentration=[1.0], rate=[1.0]))
     """
 
@@ -235,6 +236,7 @@ def gradient(parameterization: Parameterization | None = None) -> Method:
 
     def init_fn(key, q0, log_joint):
         del log_joint
+        require_exponential_family(q0, "gradient")
         _check_parameterization(param, q0, key)
         if parameterization is None:
             c = q0.fisher_information
@@ -259,10 +261,12 @@ def gradient(parameterization: Parameterization | None = None) -> Method:
         jac, (x, log_p) = jax.jacfwd(stats_and_log_p, has_aux=True)(param.to_params(q))
         return GradientStats(C=jac[:-1].T, g=jac[-1]), x, log_p
 
-    def solve_fn(stats, q):
+    def solve_fn(stats, q, log_joint=None):
+        del log_joint
         return q.from_natural(_solve_linear(stats.C, stats.g))
 
     def min_draws(q):
+        require_exponential_family(q, "gradient")
         # C^ = (dx/dphi)' (dT/dx)' has rank at most dim(x): a draw gives dim(x) of the
         # k equations, so the average needs ceil(k / dim(x)) draws to be solvable.
         return -(-q.num_stats // max(math.prod(q.event_shape), 1))
@@ -278,3 +282,6 @@ def gradient(parameterization: Parameterization | None = None) -> Method:
         solve=solve_fn,
         min_draws=min_draws,
     )
+
+
+register("gradient", gradient)

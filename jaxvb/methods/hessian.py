@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jaxvb.families._base import build
 from jaxvb.families.gaussian import Gaussian, precision_factor, solve_precision
 from jaxvb.methods._base import Method, value_grad_hessian
+from jaxvb.methods._registry import register
 
 
 class HessianStats(NamedTuple):
@@ -100,7 +101,8 @@ def hessian(grad_and_hessian: Callable | None = None) -> Method:
         g = jnp.where(bad, jnp.nan, g)
         return HessianStats(a=g.astype(q.dtype), P=-h.astype(q.dtype), z=x), x, log_p
 
-    def solve_fn(stats, q):
+    def solve_fn(stats, q, log_joint=None):
+        del log_joint
         # One Cholesky of P and two triangular solves: q stays in precision form, its
         # covariance is never formed inside the loop (a non-positive-definite P gives
         # a NaN factor, which is_proper reports).
@@ -116,3 +118,6 @@ def hessian(grad_and_hessian: Callable | None = None) -> Method:
         solve=solve_fn,
         min_draws=lambda q: 1,
     )
+
+
+register("hessian", hessian, default_for=(Gaussian,))

@@ -39,6 +39,7 @@ from jaxvb._laplace import laplace
 from jaxvb.families._base import build
 from jaxvb.families.mixture import GaussianMixture
 from jaxvb.methods._base import Method, value_grad_hessian
+from jaxvb.methods._registry import register
 from jaxvb.methods.hessian import HessianStats, hessian
 
 SAMPLING = ("stratified", "marginal")
@@ -238,13 +239,13 @@ def mixture(
         u = q.component_label(noise)  # the draw reported back, distributed as q
         return stats, xs[u], log_ps[u]
 
-    def solve_fn(stats, q):
+    def solve_fn(stats, q, log_joint=None):
         dead = _dead(stats.C)
         c = jnp.where(dead, 1.0, stats.C)
         per_component = HessianStats(
             a=stats.a / c[:, None], P=stats.P / c[:, None, None], z=stats.z / c[:, None]
         )
-        gaussians = jax.vmap(lambda s: hessian().solve(s, None))(per_component)
+        gaussians = jax.vmap(lambda s: hessian().solve(s, None, log_joint))(per_component)
         improper = ~jax.vmap(lambda g: g.is_proper)(gaussians)
         small = ~(stats.C > min_weight * jnp.sum(stats.C))
         dropped = dead | (improper & small)
@@ -298,3 +299,6 @@ def init_mixture(
       (3, [1.0, 1.0])
     """
     return GaussianMixture.around(laplace(log_joint, x0), num_components, spread=spread)
+
+
+register("mixture", mixture, default_for=(GaussianMixture,))

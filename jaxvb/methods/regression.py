@@ -18,7 +18,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxvb.methods._base import Method
+from jaxvb.families._base import ExponentialFamily
+from jaxvb.methods._base import Method, require_exponential_family
+from jaxvb.methods._registry import register
 
 ESTIMATORS = ("joint", "independent", "analytic")
 INITS = ("analytic", "diagonal", "identity")
@@ -37,7 +39,7 @@ class RegressionStats(NamedTuple):
       >>> q = jaxvb.Exponential(jnp.array([2.0]))
       >>> c = expected_outer_stats(q)
       >>> stats = RegressionStats(C=c, g=c @ jnp.array([jnp.log(2.0), 2.0]))
-      >>> round(float(jaxvb.methods.regression().solve(stats, q).rate[0]), 12)
+      >>> round(float(jaxvb.methods.regression().solve(stats, q, None).rate[0]), 12)
       2.0
     """
 
@@ -132,6 +134,7 @@ def regression(
         raise ValueError(f"intercept must be one of {INTERCEPTS}, got {intercept!r}")
 
     def init_fn(key, q0, log_joint):
+        require_exponential_family(q0, "regression")
         eta_0 = -q0.log_normalizer
         if intercept == "estimate":
             x = q0.sample(key, (num_init_draws,))
@@ -173,10 +176,12 @@ def regression(
             c_hat = expected_outer_stats(q)
         return RegressionStats(C=c_hat, g=t * log_p), x, log_p
 
-    def solve_fn(stats, q):
+    def solve_fn(stats, q, log_joint=None):
+        del log_joint
         return q.from_natural(solve_gram(stats.C, stats.g)[1:])
 
     def min_draws(q):
+        require_exponential_family(q, "regression")
         return 1 if estimator == "analytic" else q.num_stats + 1
 
     return Method(
@@ -187,3 +192,6 @@ def regression(
         solve=solve_fn,
         min_draws=min_draws,
     )
+
+
+register("regression", regression, default_for=(ExponentialFamily,))

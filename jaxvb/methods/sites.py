@@ -41,6 +41,7 @@ from jax.scipy.linalg import solve_triangular
 from jaxvb.families._base import build
 from jaxvb.families.gaussian import Gaussian, precision_factor, solve_precision
 from jaxvb.methods._base import Method
+from jaxvb.methods._registry import register
 from jaxvb.methods.gradient import _solve_linear
 from jaxvb.methods.regression import solve_gram
 from jaxvb.structure import Factors
@@ -61,11 +62,11 @@ class SiteStats(NamedTuple):
       >>> design, y = jnp.array([[1.0, 0.5], [1.0, -1.0], [1.0, 2.0]]), jnp.array([1.0, 0.0, 1.0])
       >>> model = jaxvb.Factors(jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)),
       ...                       lambda f, y_i: log_ndtr((2 * y_i - 1) * f), design, y)
-      >>> method = jaxvb.methods.sites("gradient").bind(model)
+      >>> method = jaxvb.methods.sites("gradient")
       >>> stats = method.init(jax.random.key(0), model.prior, model)
       >>> stats.C.shape, stats.g.shape   # one 2-d regression per site
       ((3, 2, 2), (3, 2))
-      >>> method.solve(stats, model.prior)   # the sites start flat: q is the prior
+      >>> method.solve(stats, model.prior, model)   # the sites start flat: q is the prior
       Gaussian(mean=[0.0, 0.0], cov=[[1.0, 0.0], [0.0, 1.0]])
     """
 
@@ -92,18 +93,54 @@ def _assemble(model: Factors, h: jax.Array, p: jax.Array) -> Gaussian:
     return build(Gaussian, mean=solve_precision(factor, linear), precision_factor=factor)
 
 
-def _bind(model, estimator: str) -> Method:
+def _factors(model) -> Factors:
     if not isinstance(model, Factors):
         raise TypeError(
             f"method='sites' needs the log joint as a jaxvb.Factors (a Gaussian prior "
             f"and sites in f_i = v_i' x), got {type(model).__name__}; wrap the model as "
             "jaxvb.Factors(prior, site_log_lik, design, data), or use method='hessian'."
         )
-    d_site = jax.vmap(jax.grad(model.site_log_lik))
-    d2_site = jax.vmap(jax.grad(jax.grad(model.site_log_lik)))
+    return model
+
+
+def _site_derivatives(model: Factors, f: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """First and second derivatives of each site's log likelihood at ``f``."""
+    d1 = jax.vmap(jax.grad(model.site_log_lik))(f, model.data)
+    d2 = jax.vmap(jax.grad(jax.grad(model.site_log_lik)))(f, model.data)
+    return d1, d2
+
+
+@functools.cache
+def sites(estimator: str = "regression") -> Method:
+    """Factor structure (section 5.1) for a :class:`jaxvb.Factors` log joint.
+
+    Args:
+      estimator: ``"regression"`` (Algorithm 1 per site, 3-dimensional), ``"gradient"``
+        (the site gradient estimator of section 5.2, 2-dimensional) or ``"hessian"``
+        (Algorithm 2 per site); see :mod:`jaxvb.methods.sites`.
+
+    Returns:
+      A :class:`~jaxvb.methods.Method` for :func:`jaxvb.fit`; it reads the factors of
+      the ``log_joint`` given to ``fit``, which must be a :class:`jaxvb.Factors`. The
+      fit is a :class:`~jaxvb.Gaussian`. ``method="sites"`` is ``sites("regression")``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> from jax.scipy.special import log_ndtr
+      >>> design = jnp.array([[1.0, 0.5], [-0.3, 1.0], [0.8, -1.2]])
+      >>> y = jnp.array([1.0, 0.0, 1.0])
+      >>> probit = lambda f, yi: log_ndtr((2 * yi - 1) * f)
+      >>> model = jaxvb.Factors(jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)), probit, design, y)
+      >>> res = jaxvb.fit(model, model.prior, jax.random.key(0), num_steps=1000,
+      ...                 method=jaxvb.methods.sites("gradient"))
+      >>> res.q.mean.round(1).tolist(), bool(res.r_squared > 0.95)
+      ([0.9, -0.5], True)
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
 
     def init_fn(key, q0, log_joint):
-        del log_joint
+        model = _factors(log_joint)
         if not isinstance(q0, Gaussian) or q0.dim != model.prior.dim:
             raise TypeError(
                 f"method='sites' fits a jaxvb.Gaussian of the prior's dimension "
@@ -147,7 +184,7 @@ def _bind(model, estimator: str) -> Method:
         return q.noise(key)
 
     def estimate_fn(noise, q, log_joint):
-        del log_joint
+        model = _factors(log_joint)
         x = q.from_noise(noise)
         f = model.design @ x
         vals = model.site_values(f)
@@ -166,16 +203,18 @@ def _bind(model, estimator: str) -> Method:
             dt = jnp.stack([jnp.ones_like(f), -f], -1)  # dT / df for T = (f, -f^2/2)
             stats = SiteStats(
                 C=ds[:, :, None] * dt[:, None, :],
-                g=ds * (d_site(f, model.data) + bad)[:, None],
+                g=ds * (_site_derivatives(model, f)[0] + bad)[:, None],
             )
         else:
-            a = d_site(f, model.data) + bad
-            p = -d2_site(f, model.data)
+            d1, d2 = _site_derivatives(model, f)
+            a = d1 + bad
+            p = -d2
             stats = SiteStats(C=p, g=jnp.stack([a, f], -1))
         return stats, x, log_p
 
-    def solve_fn(stats, q):
+    def solve_fn(stats, q, log_joint):
         del q
+        model = _factors(log_joint)
         if estimator == "regression":
             eta = jax.vmap(solve_gram)(stats.C, stats.g)
             h, p = eta[:, 1], eta[:, 2]
@@ -198,50 +237,4 @@ def _bind(model, estimator: str) -> Method:
     )
 
 
-# Bound methods are cached on the model's identity, so that fitting the same Factors
-# object again reuses fit's compiled loop; bounded, because a model built inside a
-# traced function is never seen again.
-_bind_cached = functools.lru_cache(maxsize=32)(_bind)
-
-
-@functools.cache
-def sites(estimator: str = "regression") -> Method:
-    """Factor structure (section 5.1) for a :class:`jaxvb.Factors` log joint.
-
-    Args:
-      estimator: ``"regression"`` (Algorithm 1 per site, 3-dimensional), ``"gradient"``
-        (the site gradient estimator of section 5.2, 2-dimensional) or ``"hessian"``
-        (Algorithm 2 per site); see :mod:`jaxvb.methods.sites`.
-
-    Returns:
-      A :class:`~jaxvb.methods.Method` for :func:`jaxvb.fit`, bound to the factors of
-      the ``log_joint`` given to ``fit`` (which must be a :class:`jaxvb.Factors`); the
-      fit is a :class:`~jaxvb.Gaussian`. ``method="sites"`` is ``sites("regression")``.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxvb
-      >>> from jax.scipy.special import log_ndtr
-      >>> design = jnp.array([[1.0, 0.5], [-0.3, 1.0], [0.8, -1.2]])
-      >>> y = jnp.array([1.0, 0.0, 1.0])
-      >>> probit = lambda f, yi: log_ndtr((2 * yi - 1) * f)
-      >>> model = jaxvb.Factors(jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)), probit, design, y)
-      >>> res = jaxvb.fit(model, model.prior, jax.random.key(0), num_steps=1000,
-      ...                 method=jaxvb.methods.sites("gradient"))
-      >>> res.q.mean.round(1).tolist(), bool(res.r_squared > 0.95)
-      ([0.9, -0.5], True)
-    """
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-
-    def unbound(*args):
-        raise TypeError("jaxvb.methods.sites(...) is bound to a model by jaxvb.fit")
-
-    return Method(
-        name=f"sites({estimator})",
-        init=unbound,
-        noise=unbound,
-        estimate=unbound,
-        solve=unbound,
-        min_draws=unbound,
-        bind=lambda model: _bind_cached(model, estimator),
-    )
+register("sites", sites)

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from jaxvb import _fit as _engine
+import jaxvb as _engine  # the public fit and Result
 from jaxvb.composite.hierarchical import (
     ConditionalBlock,
     GaussianSitesBlock,
@@ -344,6 +344,7 @@ def fit_hierarchical(
       Gamma(concentration=1.19..., rate=0.33...)
     """
     q0 = hierarchical_initial_q()
+    fit_kwargs.setdefault("num_check_draws", 0)  # as in stochastic_volatility.fit
     return _engine.fit(
         hierarchical_log_joint,
         q0,

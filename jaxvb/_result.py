@@ -1,0 +1,310 @@
+"""What a fit returns and how a flagged result is reported: ``Result``, ``Status``, ``check``."""
+
+from __future__ import annotations
+
+import enum
+import math
+import warnings
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from jaxvb.families._base import is_concrete
+
+
+class Status(enum.IntFlag):
+    """Bit flags in ``Result.status``; ``0`` means the fit went as planned.
+
+    Example:
+      >>> import jaxvb
+      >>> status = jaxvb.Status(12)   # e.g. int(result.status)
+      >>> [flag.name for flag in status]
+      ['NONFINITE_LOG_DENSITY', 'NONFINITE_DIAGNOSTICS']
+      >>> jaxvb.Status.NOT_CONVERGED in status, jaxvb.Status(0) == jaxvb.Status.OK
+      (False, True)
+    """
+
+    OK = 0
+    #: An intermediate update was not a proper distribution (the paper's "increase the
+    #: number of iterations" case) even after ``max_backtracks`` halvings of the step;
+    #: draws continued from the last proper iterate. Harmless in the first steps from a
+    #: poor start; ``fit`` warns only when it happened in the averaged second half.
+    IMPROPER_PROPOSAL = 1
+    #: The averaged solution was not a proper distribution; ``q`` is the last proper
+    #: iterate and should not be trusted.
+    IMPROPER_RESULT = 2
+    #: ``log_joint`` was NaN or infinite at a draw during the fit; that draw was left
+    #: out of the statistics.
+    NONFINITE_LOG_DENSITY = 4
+    #: ``log_joint`` was NaN or infinite at some of the draws used for the diagnostics.
+    NONFINITE_DIAGNOSTICS = 8
+    #: Started from a point ``x0``: the Laplace approximation there was not proper (the
+    #: Hessian at the mode is not negative definite) or its mode search did not converge.
+    LAPLACE_FAILED = 16
+    #: The fitted ``q`` is not a fixed point of the iteration: one more update from fresh
+    #: draws of ``q`` is not a proper distribution, or moves ``q`` by more than 1 nat
+    #: (KL) and by more than its Monte Carlo noise. The iteration had not settled when
+    #: it stopped (typically a start far from the posterior); ``q`` should not be
+    #: trusted.
+    NOT_CONVERGED = 32
+
+
+#: Flags that make a result untrustworthy (``Result.ok`` is False, ``fit`` raises).
+ERRORS = (
+    Status.IMPROPER_RESULT
+    | Status.NONFINITE_LOG_DENSITY
+    | Status.LAPLACE_FAILED
+    | Status.NOT_CONVERGED
+)
+
+
+class Trace(NamedTuple):
+    """Per-step information, stacked over steps (only with ``fit(..., trace=True)``).
+
+    Attributes:
+      natural_params: ``(num_steps, k)``, the natural parameters of ``q_{t+1}``.
+      log_density: ``(num_steps,)``, the mean of ``log_joint`` over the step's draws.
+      proper: ``(num_steps,)``, whether the step's update was a proper distribution.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> log_joint = lambda x: -0.5 * jnp.sum((x - 1.0) ** 2)
+      >>> res = jaxvb.fit(log_joint, jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)),
+      ...                 jax.random.key(0), num_steps=20, num_eval_draws=2, trace=True)
+      >>> res.trace.natural_params.shape, res.trace.log_density.shape   # k = 2 + 3
+      ((20, 5), (20,))
+      >>> bool(res.trace.proper.all())
+      True
+    """
+
+    natural_params: jax.Array
+    log_density: jax.Array
+    proper: jax.Array
+
+
+class Result(NamedTuple):
+    """What :func:`fit` returns: the approximation, its diagnostics and a status.
+
+    Attributes:
+      q: the fitted approximation, of the same family type as ``q0``.
+      elbo, log_evidence, kl, r_squared, residual_variance, elbo_stderr: section 4's
+        diagnostics (see :mod:`jaxvb.diagnostics`).
+      status: ``int32`` bit flags, see :class:`Status`; ``0`` when all went well.
+      first_improper_step, last_improper_step: the first and last steps whose update
+        was improper (``-1`` if none).
+      num_damped_steps: steps whose update was improper at the full step size (or
+        refused by the method's ``accept``, e.g. a trust region) and was taken with a
+        smaller one (``fit``'s step control).
+      first_nonfinite_step: the first step at which ``log_joint`` was not finite.
+      nonfinite_draw: the draw ``x`` at that step (zeros if none).
+      fixed_point_shift: how far (KL, nats, to second order) one more update from fresh
+        draws of ``q`` moves it; ``inf`` where that update is not proper, ``nan`` where
+        the check was not run (see :attr:`Status.NOT_CONVERGED`).
+      trace: :class:`Trace` when asked for, else ``None``.
+
+    Example:
+      A Gaussian target, ``exp(-|x - 1|^2 / 8)``, whose normaliser is ``8 pi``:
+
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> log_joint = lambda x: -0.5 * jnp.sum((x - 1.0) ** 2 / 4.0)
+      >>> res = jaxvb.fit(log_joint, jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)),
+      ...                 jax.random.key(0), num_steps=20)
+      >>> res.q.mean.round(6).tolist(), round(float(res.log_evidence), 6)   # log 8 pi
+      ([1.0, 1.0], 3.224171)
+      >>> round(float(res.r_squared), 6), int(res.status), bool(res.ok), res.message
+      (1.0, 0, True, 'ok')
+    """
+
+    q: Any
+    elbo: jax.Array
+    log_evidence: jax.Array
+    kl: jax.Array
+    r_squared: jax.Array
+    residual_variance: jax.Array
+    elbo_stderr: jax.Array
+    status: jax.Array
+    first_improper_step: jax.Array
+    last_improper_step: jax.Array
+    num_damped_steps: jax.Array
+    first_nonfinite_step: jax.Array
+    nonfinite_draw: jax.Array
+    fixed_point_shift: jax.Array
+    trace: Trace | None
+
+    @property
+    def ok(self) -> jax.Array:
+        """True where no error flag is set (``IMPROPER_PROPOSAL`` alone is not one)."""
+        return (self.status & int(ERRORS)) == 0
+
+    @property
+    def message(self) -> str:
+        """A readable account of the status flags (of a single, concrete result)."""
+        return explain(self)
+
+
+class FitError(RuntimeError):
+    """A fit whose result cannot be trusted; the flagged result is in ``.result``.
+
+    Example:
+      A Gaussian puts mass where ``log x`` is NaN: the fit raises, and keeps its work.
+
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> log_joint = lambda x: jnp.log(x[0]) - x[0]   # Gamma(2, 1), x > 0
+      >>> try:
+      ...     jaxvb.fit(log_joint, jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1)),
+      ...               jax.random.key(0), num_steps=20, num_eval_draws=2)
+      ... except jaxvb.FitError as err:
+      ...     print(err)
+      ...     result = err.result
+      jaxvb.fit: log_joint was not finite at x = [-0.49...] (first at step 3); ...
+      >>> result.q.mean.shape, int(result.first_nonfinite_step)
+      ((1,), 3)
+    """
+
+    def __init__(self, message: str, result: Result):
+        super().__init__(message)
+        self.result = result
+
+
+class FitWarning(UserWarning):
+    """A fit that finished but whose status has a flag worth knowing about.
+
+    Example:
+      An ordinary ``UserWarning`` subclass, so the ``warnings`` filters apply:
+
+      >>> import warnings, jaxvb
+      >>> issubclass(jaxvb.FitWarning, UserWarning)
+      True
+      >>> with warnings.catch_warnings():
+      ...     warnings.simplefilter("error", jaxvb.FitWarning)   # make it an error
+      ...     pass  # fits in here raise instead of warning
+    """
+
+
+def explain(result: Result) -> str:
+    """Describes each flag of a concrete ``result.status``: what happened and what to do.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> log_joint = lambda x: jnp.log(x[0]) - x[0]   # Gamma(2, 1), x > 0
+      >>> res = jaxvb.fit(log_joint, jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1)),
+      ...                 jax.random.key(0), num_steps=20, num_eval_draws=2,
+      ...                 on_failure="ignore")
+      >>> print(jaxvb.explain(res))
+      log_joint was not finite at x = [-0.49...] (first at step 3); such draws were left
+      out. Make sure log_joint is finite on the whole support of the approximating family
+      (e.g. use Gamma for a positive parameter, or transform it to the real line).
+    """
+    status = Status(int(np.asarray(result.status)))
+    if status == Status.OK:
+        return "ok"
+    lines = []
+    if Status.IMPROPER_RESULT in status:
+        lines.append(
+            "the averaged statistics do not define a proper distribution, so the fit has "
+            "not converged; `q` is the last proper iterate. Increase num_steps (the paper's "
+            "remedy), start closer to the posterior (fit(log_joint, x0, ...) with a "
+            "point x0 starts from the Laplace approximation there), or use more draws "
+            "per step. If it "
+            "persists, check that the posterior is proper (integrable)."
+        )
+    if Status.IMPROPER_PROPOSAL in status:
+        lines.append(
+            "intermediate updates (steps "
+            f"{int(result.first_improper_step)} to {int(result.last_improper_step)}) were "
+            "not proper distributions (e.g. a negative rate or precision); draws continued "
+            "from the last proper iterate. The result may still be fine (check r_squared); "
+            "a larger num_steps makes this rarer."
+        )
+    if Status.NONFINITE_LOG_DENSITY in status:
+        x = np.asarray(result.nonfinite_draw)
+        lines.append(
+            f"log_joint was not finite at x = {x.tolist()} (first at step "
+            f"{int(result.first_nonfinite_step)}); such draws were left out. Make sure "
+            "log_joint is finite on the whole support of the approximating family (e.g. "
+            "use Gamma for a positive parameter, or transform it to the real line)."
+        )
+    if Status.LAPLACE_FAILED in status:
+        lines.append(
+            "the Laplace approximation at the starting point x0 was not proper or its mode "
+            "search did not converge (see jaxvb.laplace); start from a jaxvb.Gaussian "
+            "instead, or check that the posterior is proper."
+        )
+    if Status.NOT_CONVERGED in status:
+        shift = float(np.asarray(result.fixed_point_shift))
+        moved = (
+            "is not a proper distribution"
+            if not math.isfinite(shift)
+            else f"moves it by {shift:.3g} nats (KL)"
+        )
+        lines.append(
+            f"the fitted q is not a fixed point: one more update from fresh draws of q "
+            f"{moved}, so the iteration had not settled when it stopped. Start from a "
+            "point x0 (fit(log_joint, x0, ...) starts from the Laplace approximation "
+            "there), or increase num_steps."
+        )
+    if Status.NONFINITE_DIAGNOSTICS in status:
+        lines.append(
+            "log_joint was not finite at some draws of the fitted q; the diagnostics "
+            "leave them out. q puts mass where the model has none."
+        )
+    return "; ".join(lines)
+
+
+def check(
+    result: Any,
+    on_failure: str = "raise",
+    *,
+    num_steps: int | None = None,
+    who: str = "jaxvb.fit",
+    stacklevel: int = 2,
+) -> Any:
+    """Raises or warns about a flagged, concrete result; returns it unchanged.
+
+    What :func:`jaxvb.fit` does with its result, public so that models built on the
+    engine (e.g. :func:`jaxvb.models.stochastic_volatility.fit`) report the same way.
+    A result under ``jit``/``vmap`` (traced or batched status) passes through: only its
+    status flags tell.
+
+    Args:
+      result: a :class:`Result`, or anything with its ``status``, ``last_improper_step``
+        and the fields :func:`explain` reads (e.g. a model's result wrapper).
+      on_failure: ``"raise"`` (a :class:`FitError` carrying the result for an error
+        flag, a :class:`FitWarning` for a milder one), ``"warn"`` or ``"ignore"``.
+      num_steps: the fit's number of steps, if known: improper updates in the averaged
+        second half then warn even when the result is proper.
+      who: the name that opens the message.
+      stacklevel: passed to ``warnings.warn``, counted from the caller of ``check``.
+
+    Returns:
+      ``result``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> log_joint = lambda x: jnp.log(x[0]) - x[0]   # Gamma(2, 1), x > 0
+      >>> res = jaxvb.fit(log_joint, jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1)),
+      ...                 jax.random.key(0), num_steps=20, num_eval_draws=2,
+      ...                 on_failure="ignore")
+      >>> try:
+      ...     jaxvb.check(res, who="my_model.fit")
+      ... except jaxvb.FitError as err:
+      ...     print(str(err)[:44])
+      my_model.fit: log_joint was not finite at x
+    """
+    if on_failure not in ("raise", "warn", "ignore"):
+        raise ValueError(
+            f"on_failure must be 'raise', 'warn' or 'ignore', got {on_failure!r}"
+        )
+    status = result.status
+    if on_failure == "ignore" or not is_concrete(status) or np.ndim(status) != 0:
+        return result
+    flags = Status(int(status))
+    late_improper = (
+        num_steps is not None and int(result.last_improper_step) > int(num_steps) // 2
+    )
+    if flags & ERRORS and on_failure == "raise":
+        raise FitError(f"{who}: {explain(result)}", result)
+    if flags & (ERRORS | Status.NONFINITE_DIAGNOSTICS) or late_improper:
+        warnings.warn(f"{who}: {explain(result)}", FitWarning, stacklevel=stacklevel + 1)
+    return result
