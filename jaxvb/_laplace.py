@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import cho_solve
 
+from jaxvb import _static
 from jaxvb.families._base import build, is_concrete
 from jaxvb.families.gaussian import Gaussian, precision_factor
 from jaxvb.methods._base import value_grad_hessian
@@ -303,25 +304,9 @@ def laplace(
     return (gaussian, info) if return_info else gaussian
 
 
-def _is_array(v) -> bool:
-    return isinstance(v, (jax.Array, np.ndarray, np.generic, float, int, complex))
-
-
-def _split(log_joint):
-    """``(leaves, static)``: a pytree log joint's arrays are traced, the rest static.
-
-    A plain function (a leaf), or a pytree with a leaf that is not an array, is static
-    as a whole (hashed as it hashes itself, a function by identity).
-    """
-    leaves, treedef = jax.tree_util.tree_flatten(log_joint)
-    if jax.tree_util.treedef_is_leaf(treedef) or not all(map(_is_array, leaves)):
-        return (), log_joint
-    return leaves, treedef
-
-
 def _laplace(log_joint, x0, tol, *, max_iter):
-    leaves, static = _split(log_joint)
-    return _laplace_compiled(leaves, static, x0, tol, max_iter=max_iter)
+    arrays, static = _static.partition(log_joint)
+    return _laplace_compiled(arrays, static, x0, tol, max_iter=max_iter)
 
 
 # Backend optimisation off: the search runs a few dozen iterations, where compiling
@@ -330,11 +315,8 @@ def _laplace(log_joint, x0, tol, *, max_iter):
     static_argnames=("static", "max_iter"),
     compiler_options={"xla_backend_optimization_level": 0},
 )
-def _laplace_compiled(leaves, static, x0, tol, *, max_iter):
-    if isinstance(static, jax.tree_util.PyTreeDef):
-        log_joint = jax.tree_util.tree_unflatten(static, leaves)
-    else:
-        log_joint = static
+def _laplace_compiled(arrays, static, x0, tol, *, max_iter):
+    log_joint = _static.combine(arrays, static)
     tol = jnp.asarray(tol, x0.dtype)
     s = _find_mode(log_joint, x0, max_iter, tol)
     chol, negative_definite = _precision_factor(s.precision)

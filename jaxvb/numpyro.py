@@ -161,8 +161,16 @@ class LogJoint:
 
     Build one with :func:`log_joint` (which returns a :class:`MinibatchLogJoint` for a
     model that subsamples). Like any log joint, it goes into :func:`jaxvb.fit`,
-    :func:`jaxvb.laplace` and ``jax.grad``. It holds the model arguments and hashes by
-    identity (it is a static argument of the compiled loop).
+    :func:`jaxvb.laplace` and ``jax.grad``.
+
+    It is a pytree: its leaves are the arrays among the model's arguments (and the
+    observed values), its static part the model function and the structure read from
+    its trace (site names, shapes, supports' unconstrained shapes, subsampled plates),
+    which compares and hashes by value. :func:`jaxvb.fit` passes the leaves to its
+    compiled program as inputs, so a second log joint of the same model with new data
+    of the same shapes and dtypes runs the program compiled for the first. (The model
+    then sees its array arguments as traced values inside the fit: it may use their
+    shapes, not their values, in Python control flow, as under ``jax.jit``.)
 
     Attributes:
       model, model_args, model_kwargs: the model and what it is called with.
@@ -211,15 +219,7 @@ class LogJoint:
             and site["args"][1] != site["args"][0]
         }
         if self.subsample_plates:
-            self._full_model = handlers.substitute(
-                model,
-                data={
-                    n: jnp.arange(size) for n, (size, _) in self.subsample_plates.items()
-                },
-            )
             trace = _trace(self._full_model, model_args, model_kwargs)
-        else:
-            self._full_model = model
         _check_sites(trace, self.subsample_plates)
 
         latent = {name: site for name, site in trace.items() if _is_latent(site)}
@@ -255,13 +255,31 @@ class LogJoint:
                 model_kwargs,
                 {name: site["value"] for name, site in latent.items()},
             )
-        flat, self._unravel = ravel_pytree(unconstrained)
+        flat, _ = ravel_pytree(unconstrained)
+        # ravel_pytree's order (a dict's sorted keys), kept as plain data: unlike its
+        # unravel closure, it compares by value, so it can be static pytree data.
+        self._unconstrained_shapes = tuple(
+            (name, tuple(np.shape(v))) for name, v in sorted(unconstrained.items())
+        )
         self.dim = int(flat.shape[0])
         self.dtype = flat.dtype
 
     def unravel(self, x: jax.Array) -> dict[str, jax.Array]:
         """The unconstrained value of each latent site, from ``x`` of shape ``(dim,)``."""
-        return self._unravel(x)
+        out, start = {}, 0
+        for name, shape in self._unconstrained_shapes:
+            size = int(np.prod(shape, dtype=int))
+            out[name] = x[start : start + size].reshape(shape)
+            start += size
+        return out
+
+    @property
+    def _full_model(self) -> Callable:
+        """The model with every subsampled plate given all its indices."""
+        if not self.subsample_plates:
+            return self.model
+        data = {n: jnp.arange(size) for n, (size, _) in self.subsample_plates.items()}
+        return handlers.substitute(self.model, data=data)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """The full-data log joint at ``x`` (unconstrained), with the log-Jacobians."""
@@ -374,6 +392,66 @@ class MinibatchLogJoint(LogJoint):
             )
 
         return log_joint
+
+
+#: What a log joint's static part holds: the model and what its trace said.
+_STRUCTURE = (
+    "model",
+    "subsample_plates",
+    "latent_shapes",
+    "deterministic_shapes",
+    "posterior_sites",
+    "_dims",
+    "_unconstrained_shapes",
+    "dim",
+    "dtype",
+)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple((k, _freeze(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+class _Structure:
+    """A log joint's static pytree data: compared and hashed by value.
+
+    Two log joints of the same model function whose traces have the same sites,
+    shapes and plates have equal structures, so ``jax.jit`` (and :func:`jaxvb.fit`)
+    treat them as one program whose inputs are their arrays.
+    """
+
+    __slots__ = ("cls", "attrs", "_key")
+
+    def __init__(self, cls: type, attrs: dict[str, Any]):
+        self.cls = cls
+        self.attrs = attrs
+        self._key = (cls, _freeze([attrs[name] for name in _STRUCTURE]))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Structure) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+
+def _flatten(lj: LogJoint):
+    attrs = {name: getattr(lj, name) for name in _STRUCTURE}
+    return (lj.model_args, lj.model_kwargs, lj.observed), _Structure(type(lj), attrs)
+
+
+def _unflatten(structure: _Structure, children) -> LogJoint:
+    lj = object.__new__(structure.cls)
+    lj.__dict__.update(structure.attrs)
+    lj.model_args, lj.model_kwargs, lj.observed = children
+    return lj
+
+
+for _cls in (LogJoint, MinibatchLogJoint):
+    jax.tree_util.register_pytree_node(_cls, _flatten, _unflatten)
 
 
 def log_joint(model: Callable, *model_args: Any, **model_kwargs: Any) -> LogJoint:
