@@ -45,6 +45,7 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess by the 
         "(or pip install 'jaxvb[numpyro]')"
     ) from e
 
+from jaxvb import _static
 from jaxvb._arviz import from_draws
 from jaxvb._fit import fit as _fit
 from jaxvb._result import FitError, Result
@@ -82,6 +83,26 @@ def _trace(model, args, kwargs):
     # plates are read, so this fixed seed reaches no result.
     with _full_plates_quiet():
         return handlers.trace(handlers.seed(model, rng_seed=0)).get_trace(*args, **kwargs)
+
+
+def _abstract_trace(model, args, kwargs):
+    """The model's trace, run under ``jax.eval_shape``: nothing is compiled or run.
+
+    Run eagerly, every operation of the model compiles on its own the first time (a
+    second or more for a small model). Values the model computes come out abstract
+    (shape and dtype: all that is read from them); observed data stay as passed.
+    Falls back to running it where the model cannot be traced abstractly.
+    """
+    out = {}
+
+    def run():
+        out["trace"] = _trace(model, args, kwargs)
+
+    try:
+        jax.eval_shape(run)
+    except Exception:
+        return _trace(model, args, kwargs)
+    return out["trace"]
 
 
 def _is_latent(site) -> bool:
@@ -203,7 +224,7 @@ class LogJoint:
         self.model_args = model_args
         self.model_kwargs = model_kwargs
         try:
-            trace = _trace(model, model_args, model_kwargs)
+            trace = _abstract_trace(model, model_args, model_kwargs)
         except Exception as e:
             raise ValueError(
                 f"jaxvb.numpyro: running the model failed ({type(e).__name__}: {e}). jaxvb "
@@ -219,7 +240,7 @@ class LogJoint:
             and site["args"][1] != site["args"][0]
         }
         if self.subsample_plates:
-            trace = _trace(self._full_model, model_args, model_kwargs)
+            trace = _abstract_trace(self._full_model, model_args, model_kwargs)
         _check_sites(trace, self.subsample_plates)
 
         latent = {name: site for name, site in trace.items() if _is_latent(site)}
@@ -236,33 +257,39 @@ class LogJoint:
             for name in trace
             if name in self.latent_shapes or name in self.deterministic_shapes
         ]
-        self.observed = {
-            name: site["value"]
+        observed = [
+            name
             for name, site in trace.items()
             if site["type"] == "sample"
             and site["is_observed"]
             and not isinstance(site["fn"], dist.Unit)  # numpyro.factor
-        }
+        ]
+        if any(isinstance(trace[name]["value"], jax.core.Tracer) for name in observed):
+            trace = _trace(self._full_model, model_args, model_kwargs)  # computed obs
+        self.observed = {name: trace[name]["value"] for name in observed}
         self._dims = {
             name: dims
             for name, site in trace.items()
             if site["type"] == "sample" and (dims := _plate_dims(site)) is not None
         }
-        with _full_plates_quiet():
-            unconstrained = unconstrain_fn(
-                self._full_model,
-                model_args,
-                model_kwargs,
-                {name: site["value"] for name, site in latent.items()},
-            )
-        flat, _ = ravel_pytree(unconstrained)
-        # ravel_pytree's order (a dict's sorted keys), kept as plain data: unlike its
-        # unravel closure, it compares by value, so it can be static pytree data.
+        values = {
+            name: jax.ShapeDtypeStruct(jnp.shape(site["value"]), site["value"].dtype)
+            for name, site in latent.items()
+        }
+
+        def unconstrained_values(values):
+            with _full_plates_quiet():
+                return unconstrain_fn(self._full_model, model_args, model_kwargs, values)
+
+        # Shapes only (no compiled operation): the order of ravel_pytree (a dict's
+        # sorted keys), kept as plain data, which unlike its unravel closure compares
+        # by value and so can be static pytree data.
+        unconstrained = jax.eval_shape(unconstrained_values, values)
         self._unconstrained_shapes = tuple(
-            (name, tuple(np.shape(v))) for name, v in sorted(unconstrained.items())
+            (name, tuple(v.shape)) for name, v in sorted(unconstrained.items())
         )
-        self.dim = int(flat.shape[0])
-        self.dtype = flat.dtype
+        self.dim = sum(int(np.prod(v.shape, dtype=int)) for v in unconstrained.values())
+        self.dtype = jnp.result_type(*unconstrained.values())
 
     def unravel(self, x: jax.Array) -> dict[str, jax.Array]:
         """The unconstrained value of each latent site, from ``x`` of shape ``(dim,)``."""
@@ -581,6 +608,23 @@ jax.tree_util.register_pytree_node(
 )
 
 
+# Run once per fit: XLA's backend optimisation would cost more to compile than it saves.
+@jax.jit(
+    static_argnames=("static", "init_strategy"),
+    compiler_options={"xla_backend_optimization_level": 0},
+)
+def _start(arrays, static, key, x0, *, init_strategy):
+    """The starting point (``x0``, or the init strategy's) and the log density there.
+
+    One compiled program per model structure: run eagerly, the model's operations
+    compiled one by one (seconds for a small model on a first call).
+    """
+    lj = _static.combine(arrays, static)
+    if init_strategy is not None:
+        x0 = lj.init_point(key, init_strategy)
+    return x0, lj(x0)
+
+
 def fit(
     model: Callable,
     key: jax.Array,
@@ -664,7 +708,7 @@ def fit(
         q0 = init
     else:
         if callable(init):
-            q0 = lj.init_point(key_init, init)
+            q0 = None
         else:
             q0 = jnp.asarray(init)
             if q0.shape != (lj.dim,):
@@ -672,7 +716,10 @@ def fit(
                     f"jaxvb.numpyro.fit: init has shape {q0.shape}, but the model's "
                     f"unconstrained latent vector has shape ({lj.dim},)"
                 )
-        start = lj(q0)
+        arrays, static = _static.partition(lj)
+        q0, start = _start(
+            arrays, static, key_init, q0, init_strategy=init if q0 is None else None
+        )
         if is_concrete(start) and not np.isfinite(float(start)):
             raise ValueError(
                 f"jaxvb.numpyro.fit: the log density is {float(start)} at the starting "
