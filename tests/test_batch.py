@@ -60,6 +60,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 def test_four_devices_shard_the_batch_and_match_one_device():
     env = dict(
         os.environ,

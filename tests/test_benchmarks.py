@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.integration
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 

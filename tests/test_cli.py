@@ -135,6 +135,7 @@ def test_main_docstring_example():
     assert summary.attempted > 0 and summary.failed == 0
 
 
+@pytest.mark.integration
 def test_python_dash_m_entry_point():
     proc = subprocess.run(
         [sys.executable, "-m", "jaxvb", "benchmark", "--list"],

@@ -151,7 +151,13 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+SLOW = {"stochastic_volatility"}  # its own compilation, ~1 min
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(CASES)],
+)
 def test_golden(name):
     want = json.loads(GOLDEN.read_text())[name]
     got = CASES[name]()

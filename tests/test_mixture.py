@@ -243,6 +243,7 @@ def _simpson(n, lo, hi):
     return x, w * (x[1] - x[0]) / 3.0
 
 
+@pytest.mark.slow
 def test_beta_binomial_with_eight_components_against_quadrature(beta_binomial_fit):
     log_joint, res = beta_binomial_fit
     assert int(res.status) == 0

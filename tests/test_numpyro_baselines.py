@@ -20,6 +20,9 @@ pytest.importorskip("optax")
 
 from jaxvb.baselines import numpyro_probit  # noqa: E402
 
+# One worker computes the quadrature reference for the whole module.
+pytestmark = pytest.mark.xdist_group("numpyro_baselines")
+
 
 @pytest.fixture(scope="module")
 def problem():
@@ -48,6 +51,7 @@ def test_model_is_the_jaxvb_log_joint(problem):
     assert np.isclose(lp, probit.log_joint(x, design, y), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.integration
 def test_nuts_matches_quadrature(problem):
     design, y, mean, cov = problem
     res = numpyro_probit.nuts(
@@ -63,6 +67,7 @@ def test_nuts_matches_quadrature(problem):
     np.testing.assert_array_less(np.abs(res.cov - cov), 5 * se)
 
 
+@pytest.mark.slow
 def test_svi_gets_close_to_the_posterior(problem):
     import optax
 

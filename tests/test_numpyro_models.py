@@ -50,6 +50,7 @@ def regression_data():
     return jnp.asarray(X), jnp.asarray(y), mean, cov, log_evidence
 
 
+@pytest.mark.integration
 def test_import_jaxvb_does_not_import_numpyro():
     code = (
         "import sys, jaxvb\n"
@@ -98,6 +99,7 @@ def lognormal_scale(z):
         numpyro.sample("z", dist.LogNormal(jnp.log(s), 0.5), obs=z)
 
 
+@pytest.mark.integration
 def test_constrained_site_exact_and_against_nuts():
     from numpyro.diagnostics import effective_sample_size
     from numpyro.infer import MCMC, NUTS

@@ -119,6 +119,14 @@ def fits():
     return out
 
 
+# The fits (7 methods x 8 keys, up to 2000 steps) and the NUTS reference are computed
+# once, on one worker.
+fits_group = pytest.mark.xdist_group("sites_fits")
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@fits_group
 @pytest.mark.parametrize("name", list(_cases()[1]))
 def test_each_method_recovers_the_probit_posterior_of_nuts(name, fits, nuts_reference):
     fit, ref = fits[name], nuts_reference
@@ -133,6 +141,8 @@ def test_each_method_recovers_the_probit_posterior_of_nuts(name, fits, nuts_refe
     assert np.all(fit["r_squared"] > 0.9)
 
 
+@pytest.mark.slow
+@fits_group
 @pytest.mark.parametrize("name", [n for n in _cases()[1] if n != "hessian (Algorithm 2)"])
 def test_every_method_reaches_the_same_optimum_as_algorithm_2(name, fits):
     """Same KL optimum, so they differ by Monte Carlo error only (minibatches included)."""
@@ -143,6 +153,8 @@ def test_every_method_reaches_the_same_optimum_as_algorithm_2(name, fits):
     assert np.all(np.abs(a["sd"] - b["sd"]) <= Z * se_sd)
 
 
+@pytest.mark.slow
+@fits_group
 def test_site_hessian_is_algorithm_2_with_an_assembled_hessian(fits):
     """Same draws, and V' diag(l'') V is the Hessian of the likelihood: same numbers."""
     np.testing.assert_allclose(

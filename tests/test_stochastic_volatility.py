@@ -23,13 +23,22 @@ import jaxvb
 from jaxvb import linalg
 from jaxvb.models import stochastic_volatility as sv
 
-slow = pytest.mark.skipif(
-    os.environ.get("JAXVB_SLOW") != "1",
-    reason="compiles another fit or runs NUTS (~30-60 s each); set JAXVB_SLOW=1",
-)
+
+def slow(test):
+    """Beyond the full suite's budget: run only with ``JAXVB_SLOW=1``."""
+    skip = pytest.mark.skipif(
+        os.environ.get("JAXVB_SLOW") != "1",
+        reason="compiles another fit or runs NUTS (~30-60 s each); set JAXVB_SLOW=1",
+    )
+    return pytest.mark.slow(skip(test))
+
 
 TRUE = {"phi": 0.95, "s2": 0.05, "beta": 0.7}
 NUTS = json.loads((Path(__file__).parent / "data" / "sv_nuts.json").read_text())
+
+
+# The paper's fit (~1-2 min with its compilation) once, on one worker.
+gbpusd_group = pytest.mark.xdist_group("sv_gbpusd")
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +46,8 @@ def gbpusd_fit():
     return sv.fit(jaxvb.data.sv_gbpusd(), jax.random.key(0))
 
 
+@pytest.mark.slow
+@gbpusd_group
 def test_paper_fit_agrees_with_nuts(gbpusd_fit):
     """The issue's accuracy targets: means within 0.1 NUTS sd, sds within 15%.
 
@@ -321,6 +332,8 @@ def test_draw_jacobians_equal_jacfwd_through_the_sampler():
         assert jnp.any(total[0][1] != 0) and jnp.all(direct[0][1] == 0)
 
 
+@pytest.mark.slow
+@gbpusd_group
 def test_a_draw_of_phi_that_rounds_to_one_leaves_the_fit_clean(gbpusd_fit):
     """Key 134 once drew ``u`` = 1 (to float64) at step 5, where ``q(f | theta)`` is
     singular: the step's statistics were NaN and the fit raised. ``phi`` is now kept
