@@ -30,8 +30,8 @@ def masked_sum(tree: Any, mask: jax.Array) -> Any:
 
     Example:
       >>> import jax.numpy as jnp
-      >>> masked_sum(jnp.array([[1.0, 2.0], [jnp.nan, 5.0]]), jnp.array([True, False]))
-      Array([1., 2.], dtype=float32)
+      >>> masked_sum(jnp.array([[1.0, 2.0], [jnp.nan, 5.0]]), jnp.array([True, False])).tolist()
+      [1.0, 2.0]
     """
     return jax.tree_util.tree_map(
         lambda v: jnp.sum(jnp.where(mask.reshape((-1,) + (1,) * (v.ndim - 1)), v, 0), 0),

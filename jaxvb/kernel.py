@@ -59,6 +59,14 @@ class State(NamedTuple):
       num_damped_steps: steps taken at a reduced step size.
       first_nonfinite_step: the first step with a non-finite log density (``-1``).
       nonfinite_draw: the draw at that step.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> q0 = jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2))
+      >>> state = jaxvb.kernel.init(jax.random.key(0), q0, lambda x: -jnp.sum(x**2),
+      ...                           jaxvb.methods.hessian())
+      >>> state.stats.P.tolist(), int(state.status), int(state.first_improper_step)
+      ([[1.0, 0.0], [0.0, 1.0]], 0, -1)
     """
 
     stats: Any
@@ -81,6 +89,20 @@ class Info(NamedTuple):
       proper: whether the step's update was a proper distribution.
       damped: whether it was taken at a reduced step size.
       num_finite: how many of the step's draws entered the statistics.
+
+    Example:
+      A draw where ``log_joint`` is NaN is left out of the step (and flagged):
+
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> log_joint = lambda x: jnp.where(x[0] > 0, -0.5 * x[0] ** 2, jnp.nan)
+      >>> method = jaxvb.methods.hessian()
+      >>> q0 = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
+      >>> state = jaxvb.kernel.init(jax.random.key(0), q0, log_joint, method)
+      >>> keys = jax.random.split(jax.random.key(1), 8)
+      >>> state, info = jaxvb.kernel.step(keys, state, 1, log_joint, method,
+      ...                                 step_size=0.5, average_from=0)
+      >>> int(info.num_finite) < 8, bool(info.proper), int(state.first_nonfinite_step)
+      (True, True, 1)
     """
 
     log_density: jax.Array
@@ -90,7 +112,16 @@ class Info(NamedTuple):
 
 
 def init(key: jax.Array, q0: Any, log_joint: Callable, method: Method) -> State:
-    """The state before the first step: ``method.init``'s statistics at ``q0``."""
+    """The state before the first step: ``method.init``'s statistics at ``q0``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> q0 = jaxvb.Gamma(jnp.ones(1), jnp.ones(1))
+      >>> state = jaxvb.kernel.init(jax.random.key(0), q0, lambda x: -x[0],
+      ...                           jaxvb.methods.regression())
+      >>> state.stats.C.shape, state.q is q0, float(state.count)
+      ((3, 3), True, 0.0)
+    """
     dtype = q0.dtype
     stats = cast_tree(method.init(key, q0, log_joint), dtype)
     return State(
@@ -107,7 +138,7 @@ def init(key: jax.Array, q0: Any, log_joint: Callable, method: Method) -> State:
     )
 
 
-def draw_noise(keys: jax.Array, q: Any, method: Method, antithetic: bool = False) -> Any:
+def _draw_noise(keys: jax.Array, q: Any, method: Method, antithetic: bool = False) -> Any:
     """The noise of one step: one draw per key, then their antithetic twins if asked."""
     noise = jax.vmap(method.noise, (0, None))(keys, q)
     if not antithetic:
@@ -116,7 +147,7 @@ def draw_noise(keys: jax.Array, q: Any, method: Method, antithetic: bool = False
     return jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b]), noise, flipped)
 
 
-def controlled_update(
+def _controlled_update(
     stats: Any,
     estimate: Any,
     q: Any,
@@ -187,11 +218,25 @@ def step(
 
     Returns:
       ``(state, info)``.
+
+    Example:
+      One step of Algorithm 2 on a Gaussian target lands on it:
+
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> log_joint = lambda x: -0.5 * jnp.sum((x - 3.0) ** 2)
+      >>> method = jaxvb.methods.hessian()
+      >>> q0 = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
+      >>> state = jaxvb.kernel.init(jax.random.key(0), q0, log_joint, method)
+      >>> state, info = jaxvb.kernel.step(jax.random.split(jax.random.key(1), 1), state,
+      ...                                 1, log_joint, method, step_size=1.0,
+      ...                                 average_from=0)
+      >>> state.q.mean.tolist(), bool(info.proper), float(state.count)
+      ([3.0], True, 1.0)
     """
     q = state.q
     dtype = q.dtype
     t = jnp.asarray(t, jnp.int32)
-    noise = draw_noise(keys, q, method, antithetic)
+    noise = _draw_noise(keys, q, method, antithetic)
     s_hat, x, log_p = jax.vmap(method.estimate, (0, None, None))(noise, q, log_joint)
     s_hat = cast_tree(s_hat, dtype)
     log_p = jnp.asarray(log_p).astype(dtype)
@@ -201,7 +246,7 @@ def step(
     total = masked_sum(s_hat, ok)
     mean = jax.tree_util.tree_map(lambda v: v / jnp.maximum(n_ok, 1.0), total)
     w = jnp.where(n_ok > 0, step_size, 0.0)
-    stats, q_new, proper, tries = controlled_update(
+    stats, q_new, proper, tries = _controlled_update(
         state.stats, mean, q, w, method, log_joint, max_backtracks
     )
 
@@ -241,7 +286,19 @@ def step(
 
 def finalize(state: State, method: Method, log_joint: Callable) -> tuple[Any, jax.Array]:
     """``(q, ok)``: the solution of the averaged statistics, or, where that is not
-    proper (``ok`` False, :attr:`jaxvb.Status.IMPROPER_RESULT`), the last iterate."""
+    proper (``ok`` False, :attr:`jaxvb.Status.IMPROPER_RESULT`), the last iterate.
+
+    Example:
+      Nothing averaged yet: the last iterate comes back, flagged.
+
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> method = jaxvb.methods.hessian()
+      >>> q0 = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
+      >>> state = jaxvb.kernel.init(jax.random.key(0), q0, lambda x: -x @ x, method)
+      >>> q, ok = jaxvb.kernel.finalize(state, method, lambda x: -x @ x)
+      >>> q.mean.tolist() == state.q.mean.tolist(), bool(ok)
+      (True, False)
+    """
     averaged = jax.tree_util.tree_map(
         lambda v: v / jnp.maximum(state.count, 1.0), state.sums
     )
@@ -250,4 +307,4 @@ def finalize(state: State, method: Method, log_joint: Callable) -> tuple[Any, ja
     return where_tree(ok, q_avg, state.q), ok
 
 
-__all__ = ["Info", "State", "controlled_update", "draw_noise", "finalize", "init", "step"]
+__all__ = ["Info", "State", "finalize", "init", "step"]

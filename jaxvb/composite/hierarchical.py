@@ -48,7 +48,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxvb.families._base import Array, ExponentialFamily, build, register_family
+from jaxvb.families._base import (
+    Array,
+    ExponentialFamily,
+    Family,
+    build,
+    register_dataclass,
+    register_family,
+)
 from jaxvb.linalg import (
     Arrowhead,
     cholesky_arrowhead,
@@ -72,9 +79,12 @@ def _identity_design(parents: Array, k: int) -> Array:
     return jnp.eye(k)
 
 
-@register_family
-class ConditionalBlock(ExponentialFamily):
+@register_dataclass
+class ConditionalBlock:
     """A scalar block ``q(x_i | x_<i)``: ``base`` with natural parameters ``A(x_<i) eta``.
+
+    A part of a :class:`Hierarchical` family, not a family of its own: ``given`` turns
+    it into one for a value of its parents.
 
     Attributes:
       eta: the block's natural parameters, shape ``(k_i,)``.
@@ -106,6 +116,7 @@ class ConditionalBlock(ExponentialFamily):
     base: ExponentialFamily
     design: Callable | None = dataclasses.field(default=None, metadata=_STATIC)
     proper: Callable | None = dataclasses.field(default=None, metadata=_STATIC)
+    __repr__ = Family.__repr__
 
     @property
     def event_shape(self):
@@ -174,9 +185,11 @@ class LatentGaussianModel(NamedTuple):
     expected_derivatives: Callable
 
 
-@register_family
-class GaussianSitesBlock(ExponentialFamily):
+@register_dataclass
+class GaussianSitesBlock:
     """``q(f | theta) ∝ p(f | theta) exp(shift' f - f' sites f / 2)``.
+
+    The Gaussian part of a :class:`Hierarchical` family (not a family of its own).
 
     Attributes:
       sites: ``eta6`` as an ``Arrowhead`` with diagonal band ``(1, T)``, border
@@ -199,6 +212,7 @@ class GaussianSitesBlock(ExponentialFamily):
     sites: Arrowhead
     shift: Array
     prior: Callable = dataclasses.field(default=None, metadata=_STATIC)
+    __repr__ = Family.__repr__
 
     @property
     def event_shape(self):
@@ -285,7 +299,7 @@ def _linearised_draw(block: ConditionalBlock, noise, parents: Array, dtype, wrt_
 
 
 @register_family
-class Hierarchical(ExponentialFamily):
+class Hierarchical(Family):
     """``q(x) = q_1(x_1) q_2(x_2 | x_1) ... q_n(x_n | x_<n) q(f | x_1..x_n)``.
 
     ``x`` is flat: the ``n`` scalar blocks first, then ``f``. A pytree whose leaves are
@@ -372,6 +386,13 @@ class Hierarchical(ExponentialFamily):
         return jnp.stack(
             [b.given(theta[:i]).log_prob(theta[i]) for i, b in enumerate(self.scalars)]
         )
+
+    def noise(self, key):
+        # The draw needs one factorisation per theta; a key is its randomness.
+        return key
+
+    def from_noise(self, noise):
+        return self.sample_and_log_prob(noise)[0]
 
     def sample(self, key, sample_shape=()):
         return self.sample_and_log_prob(key, sample_shape)[0]

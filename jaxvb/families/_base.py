@@ -70,6 +70,12 @@ def register_family(cls):
             f"{cls.__name__} does not implement {', '.join(missing)}, which every "
             f"{_required_by(cls)} must provide"
         )
+    return register_dataclass(cls)
+
+
+def register_dataclass(cls):
+    """Makes ``cls`` a frozen dataclass and a pytree (:func:`register_family` without
+    the check of the family protocol: for the parts a composite family is made of)."""
     cls = dataclasses.dataclass(frozen=True, eq=False, repr=False)(cls)
     fields = dataclasses.fields(cls)
     data = tuple(f.name for f in fields if not f.metadata.get("static", False))
@@ -153,6 +159,14 @@ class Family(abc.ABC):
     one that is not (:class:`~jaxvb.GaussianMixture`) is a ``Family`` fitted by a
     method of its own. A subclass that leaves out an abstract method is refused when
     it is registered.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxvb
+      >>> q = jaxvb.GaussianMixture.around(jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)), 3)
+      >>> isinstance(q, jaxvb.Family), isinstance(q, jaxvb.ExponentialFamily)
+      (True, False)
+      >>> sorted(jaxvb.Family.__abstractmethods__)
+      ['event_shape', 'from_noise', 'is_proper', 'log_prob', 'noise']
     """
 
     @property

@@ -95,12 +95,12 @@ def trust_region(
       >>> import jax, jax.numpy as jnp, jaxvb
       >>> from jaxvb.methods import regression, trust_region
       >>> kl = lambda q, q_new: q_new.kl_divergence(q)
-      >>> method = trust_region(regression(), kl, 0.1)
+      >>> method = trust_region(regression(), kl, 0.01)
       >>> res = jaxvb.fit(lambda x: 3.0 * jnp.log(x[0]) - 2.0 * x[0],   # Gamma(4, 2)
       ...                 jaxvb.Gamma(jnp.ones(1), jnp.ones(1)), jax.random.key(0),
       ...                 num_steps=50, method=method)
       >>> method.name, int(res.num_damped_steps) > 0, res.q.concentration.round(4).tolist()
-      ('regression(joint, init=analytic)+trust_region(0.1)', True, [4.0])
+      ('regression(joint, init=analytic)+trust_region(0.01)', True, [4.0])
     """
     inner = method.accept
 

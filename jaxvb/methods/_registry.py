@@ -47,7 +47,13 @@ def register(
 
 
 def names() -> list[str]:
-    """The registered method names, sorted."""
+    """The registered method names, sorted.
+
+    Example:
+      >>> import jaxvb
+      >>> jaxvb.methods.names()
+      ['gradient', 'hessian', 'mixture', 'regression', 'sites']
+    """
     return sorted(_FACTORIES)
 
 
