@@ -24,6 +24,7 @@ def test_docstring_examples(name):
     assert result.failed == 0
 
 
+@pytest.mark.slow
 def test_demo_runs_and_reproduces_the_paper(capsys):
     from jaxvb import demo
 

@@ -187,6 +187,7 @@ def test_gaussian_fit_matches_quadrature_optimum():
     assert float(res.r_squared) == pytest.approx(r2_ref, abs=0.03)  # MC error ~0.01
 
 
+@pytest.mark.slow
 def test_beta_binomial_single_gaussian_matches_paper():
     """Section 6.2.1: the authors' single-Gaussian fit and its R^2 of 0.82."""
     from jaxvb.models import beta_binomial as bb

@@ -151,7 +151,8 @@ CASES = {
 }
 
 
-SLOW = {"stochastic_volatility"}  # its own compilation, ~1 min
+# Their own compilations (~10-30 s of CPU each); the model tests cover them too.
+SLOW = {"beta_binomial_mixture", "stochastic_volatility"}
 
 
 @pytest.mark.parametrize(

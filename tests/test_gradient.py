@@ -197,6 +197,12 @@ def quartic_fits(method):
     return np.asarray(res.q.mean[:, 0]), np.asarray(res.q.cov[:, 0, 0])
 
 
+# 2 x 256 fits of 400 steps x 16 draws, shared by the next two tests on one worker.
+quartic_group = pytest.mark.xdist_group("quartic_fits")
+
+
+@pytest.mark.slow
+@quartic_group
 def test_quartic_agrees_with_algorithm_1_and_quadrature():
     """Monte Carlo tolerance: 5 standard errors of the mean of 16 fits, the standard
     error estimated from their spread (a t with 15 degrees of freedom exceeds 5 with
@@ -214,6 +220,8 @@ def test_quartic_agrees_with_algorithm_1_and_quadrature():
         assert abs(g.mean() - r.mean()) <= 5 * math.hypot(se_g, se_r)
 
 
+@pytest.mark.slow
+@quartic_group
 def test_quartic_gradient_is_more_efficient_than_algorithm_1():
     """Sec. 5.2: one draw with gradients is worth about 2 dim(x) = 2 plain draws, so the
     spread of the fitted mean should shrink by about sqrt(2) at equal steps and draws.

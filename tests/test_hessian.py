@@ -65,6 +65,7 @@ def test_hessian_accepts_a_user_gradient_and_hessian():
     np.testing.assert_allclose(res.q.cov, target.cov, rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_laplace_and_fit_from_a_point():
     log_joint = beta_binomial.cancer_mortality_log_joint()
     q, info = jaxvb.laplace(log_joint, jnp.array([-7.0, 6.0]), return_info=True)

@@ -219,6 +219,7 @@ def test_to_arviz_matches_the_model_and_arviz_reads_it(shapes_fit, tmp_path):
     assert generic.posterior["a"].shape == (1, 100)
 
 
+@pytest.mark.slow
 def test_minibatch_fit_converges_to_the_full_data_fit(regression_data):
     X, y, mean, cov, log_evidence = regression_data
     # The full-data log joint of the subsampled model is that of the whole data.

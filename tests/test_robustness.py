@@ -121,7 +121,14 @@ def test_laplace_finds_the_mode_nist_certifies_on_the_raw_longley_design():
     np.testing.assert_allclose(sd[7], np.sqrt(1 / 32), rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# Longley (the reference is exact) stays in the fast tier; the other three models each
+# compile their own fits for an accuracy check against NUTS.
+NAMES = [
+    n if n == "longley" else pytest.param(n, marks=pytest.mark.slow) for n in sorted(CASES)
+]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_from_the_laplace_start_the_fit_is_accurate(name):
     case = CASES[name]
     res = jaxvb.fit(case.log_joint, jnp.zeros(case.dim), KEY, num_steps=case.num_steps)
@@ -132,7 +139,7 @@ def test_from_the_laplace_start_the_fit_is_accurate(name):
     assert err_sd <= case.tol_sd
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", NAMES)
 def test_from_gaussian01_the_fit_is_accurate_or_flagged(name):
     case = CASES[name]
     q0 = jaxvb.Gaussian(jnp.zeros(case.dim), jnp.eye(case.dim))
