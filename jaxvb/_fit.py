@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxvb import _progress, _static, diagnostics, kernel
+from jaxvb import _process, _progress, _static, diagnostics, kernel
 from jaxvb._algebra import finite_rows, masked_sum
 from jaxvb._laplace import laplace
 from jaxvb._result import (  # noqa: F401  (re-exported for jaxvb._fit's old users)
@@ -161,6 +161,7 @@ def fit(
       >>> [round(float(v), 6) for v in (res.q.concentration[0], res.q.rate[0])]
       [4.0, 2.0]
     """
+    _process.guard_maps()
     laplace_failed = None
     if isinstance(q0, (jax.Array, np.ndarray, list, tuple)):
         x0 = jnp.asarray(q0)

@@ -4,15 +4,17 @@ XLA's backend optimisation is turned off for the tests: they check numbers, not 
 and the default level spends most of the suite's time compiling. Benchmarks and users
 keep the default.
 
-Compiled programs persist in JAX's compilation cache (``.jax_cache/`` at the top of
-the repository, git-ignored; ``JAX_COMPILATION_CACHE_DIR`` overrides it, and
-``JAX_ENABLE_COMPILATION_CACHE=false`` turns it off). It is set through environment
-variables, so that the xdist workers, the notebook kernels and the benchmark
-subprocesses the tests start all read and fill the same cache. Its key holds the
-program, the jaxlib version and ``XLA_FLAGS``: a subprocess with other flags (or a
-changed program) compiles and stores its own entry, never reuses a wrong one. The
-cache only saves time; a test never depends on it (CI starts from an empty one). Delete
-the directory to reclaim the space: nothing evicts old entries.
+JAX's persistent compilation cache is opt-in: ``JAXVB_TEST_CACHE=1`` stores compiled
+programs in ``.jax_cache/`` at the top of the repository (git-ignored;
+``JAX_COMPILATION_CACHE_DIR`` overrides it). It is set through environment variables, so
+that the xdist workers, the notebook kernels and the benchmark subprocesses the tests
+start all read and fill the same cache, and a second run compiles only what changed.
+It is off by default (and in CI) because jaxlib's cache writer crashed an xdist worker
+with a segmentation fault in CI (``put_executable_and_time``, several processes writing
+one directory); a test never depends on it. Delete the directory to reclaim the space.
+
+Every test has a time limit (``--timeout`` in pyproject.toml, pytest-timeout): a fit
+that never returns fails its test with a traceback instead of stalling the suite.
 
 Tiers (markers registered in pyproject.toml): ``slow`` for long statistical runs and
 large fits, ``integration`` for notebooks, benchmark quick runs, subprocesses and live
@@ -26,24 +28,47 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
 ).strip()
-os.environ.setdefault(
-    "JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".jax_cache")
-)
-# With the optimiser off most programs compile in well under JAX's default threshold
-# of 1 s, yet together they are the suite's time: cache every one, whatever its size.
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+_CACHE = os.environ.get("JAXVB_TEST_CACHE", "").lower() in ("1", "true", "yes")
+if _CACHE:
+    os.environ.setdefault(
+        "JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".jax_cache")
+    )
+    # With the optimiser off most programs compile in well under JAX's default threshold
+    # of 1 s, yet together they are the suite's time: cache every one, whatever its size.
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
-# The same settings again, in case a plugin imported jax before the variables were set.
-jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
-jax.config.update(
-    "jax_persistent_cache_min_compile_time_secs",
-    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
-)
-jax.config.update(
-    "jax_persistent_cache_min_entry_size_bytes",
-    int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]),
-)
+if _CACHE:
+    # The same settings again, in case a plugin imported jax before the variables were set.
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update(
+        "jax_persistent_cache_min_compile_time_secs",
+        float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
+    )
+    jax.config.update(
+        "jax_persistent_cache_min_entry_size_bytes",
+        int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]),
+    )
+
+
+import pytest  # noqa: E402
+
+from jaxvb import _process  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _free_compiled_programs():
+    """Free compiled programs when a worker holds many memory maps.
+
+    XLA:CPU keeps each compiled program in memory maps of its own (~700 per fit); an
+    xdist worker that runs a few hundred tests passes Linux's ``vm.max_map_count`` and
+    the next compilation segfaults (seen in CI). ``jaxvb.fit`` guards users at 60% of
+    the limit with a warning; the tests clear quietly, well below it.
+    """
+    yield
+    n = _process.num_maps()
+    if n is not None and n > 15_000:
+        jax.clear_caches()

@@ -1,0 +1,75 @@
+"""Keep a long session of fits inside the operating system's limit on memory maps.
+
+Every program XLA:CPU compiles keeps its machine code in memory maps of its own (about
+700 for one ``fit``: the iteration, the start, the diagnostics). Linux caps a process at
+``vm.max_map_count`` maps (65,530 by default); past it the next compilation's ``mmap``
+fails and XLA crashes the process with a segmentation fault, losing all its work. A
+notebook or a test session that fits ~90 different models in one process gets there.
+JAX frees the maps with its compiled programs (``jax.clear_caches``), so before
+compiling we look at how many maps the process holds and, near the limit, clear the
+caches (the programs compile again when next used) with a warning that says why.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+
+_LIMIT_FILE = "/proc/sys/vm/max_map_count"
+_MAPS_FILE = "/proc/self/maps"
+_FRACTION = 0.6  # leaves room for ~25 more fits before the limit
+
+
+def _read_limit() -> int | None:
+    try:
+        with open(_LIMIT_FILE) as f:
+            return int(f.read())
+    except (OSError, ValueError):  # not Linux, or not readable: nothing to guard
+        return None
+
+
+_MAX_MAPS = _read_limit()
+
+
+def _outside_traces() -> bool:
+    # Under jit/vmap of fit the caches are in use by the trace around us: leave them.
+    try:
+        from jax._src import core
+
+        return bool(core.trace_state_clean())
+    except (ImportError, AttributeError):  # a JAX without it: guard anyway
+        return True
+
+
+def num_maps() -> int | None:
+    """The number of memory maps this process holds (``None`` where unknown)."""
+    try:
+        with open(_MAPS_FILE, "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def guard_maps(stacklevel: int = 3) -> bool:
+    """Clear JAX's compiled programs when the process nears its map limit.
+
+    Returns whether it cleared them. Costs a read of ``/proc/self/maps`` (~0.1 ms per
+    thousand maps); a no-op where the limit is unknown.
+    """
+    if _MAX_MAPS is None or not _outside_traces():
+        return False
+    n = num_maps()
+    if n is None or n < _FRACTION * _MAX_MAPS:
+        return False
+    jax.clear_caches()
+    warnings.warn(
+        f"This process holds {n} memory maps, near the system's limit of {_MAX_MAPS} "
+        "(vm.max_map_count), past which XLA crashes when it compiles the next program. "
+        "Most of them hold the machine code of programs compiled earlier, so jaxvb "
+        "cleared JAX's compilation caches (jax.clear_caches()); programs compile again "
+        "when next used. To keep them, raise the limit (sysctl vm.max_map_count).",
+        RuntimeWarning,
+        stacklevel=stacklevel,
+    )
+    return True
