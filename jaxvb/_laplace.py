@@ -36,6 +36,7 @@ import numpy as np
 from jax.scipy.linalg import cho_solve
 
 from jaxvb import _static
+from jaxvb._process import jit_once
 from jaxvb.families._base import build, is_concrete
 from jaxvb.families.gaussian import Gaussian, precision_factor
 from jaxvb.methods._base import value_grad_hessian
@@ -311,10 +312,7 @@ def _laplace(log_joint, x0, tol, *, max_iter):
 
 # Backend optimisation off: the search runs a few dozen iterations, where compiling
 # at the default level costs seconds and running it at level 0 is ~20% slower.
-@jax.jit(
-    static_argnames=("static", "max_iter"),
-    compiler_options={"xla_backend_optimization_level": 0},
-)
+@jit_once(static_argnames=("static", "max_iter"))
 def _laplace_compiled(arrays, static, x0, tol, *, max_iter):
     log_joint = _static.combine(arrays, static)
     tol = jnp.asarray(tol, x0.dtype)

@@ -12,7 +12,9 @@ caches (the programs compile again when next used) with a warning that says why.
 
 from __future__ import annotations
 
+import functools
 import warnings
+from collections.abc import Callable
 
 import jax
 
@@ -32,7 +34,7 @@ def _read_limit() -> int | None:
 _MAX_MAPS = _read_limit()
 
 
-def _outside_traces() -> bool:
+def outside_traces() -> bool:
     # Under jit/vmap of fit the caches are in use by the trace around us: leave them.
     try:
         from jax._src import core
@@ -57,7 +59,7 @@ def guard_maps(stacklevel: int = 3) -> bool:
     Returns whether it cleared them. Costs a read of ``/proc/self/maps`` (~0.1 ms per
     thousand maps); a no-op where the limit is unknown.
     """
-    if _MAX_MAPS is None or not _outside_traces():
+    if _MAX_MAPS is None or not outside_traces():
         return False
     n = num_maps()
     if n is None or n < _FRACTION * _MAX_MAPS:
@@ -73,3 +75,25 @@ def guard_maps(stacklevel: int = 3) -> bool:
         stacklevel=stacklevel,
     )
     return True
+
+
+def jit_once(fn: Callable | None = None, *, static_argnames: tuple[str, ...] = ()):
+    """``jax.jit`` for a program that runs once per call (a start, a search): compiled
+    with XLA's backend optimisation off, which costs seconds to compile and saves
+    little at run time. Inside another trace (``fit`` under ``jit``/``vmap``), where
+    JAX accepts no compiler options, the plain ``jax.jit`` of the same function.
+    """
+    if fn is None:
+        return functools.partial(jit_once, static_argnames=static_argnames)
+    fast = jax.jit(
+        fn,
+        static_argnames=static_argnames,
+        compiler_options={"xla_backend_optimization_level": 0},
+    )
+    nested = jax.jit(fn, static_argnames=static_argnames)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return (fast if outside_traces() else nested)(*args, **kwargs)
+
+    return call

@@ -60,6 +60,7 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess by the 
 from jaxvb import _static
 from jaxvb._arviz import from_draws
 from jaxvb._fit import fit as _fit
+from jaxvb._process import jit_once
 from jaxvb._result import FitError, Result
 from jaxvb.families._base import Family, is_concrete
 from jaxvb.methods import Method
@@ -621,10 +622,7 @@ jax.tree_util.register_pytree_node(
 
 
 # Run once per fit: XLA's backend optimisation would cost more to compile than it saves.
-@jax.jit(
-    static_argnames=("static", "init_strategy"),
-    compiler_options={"xla_backend_optimization_level": 0},
-)
+@jit_once(static_argnames=("static", "init_strategy"))
 def _start(arrays, static, key, x0, *, init_strategy):
     """The starting point (``x0``, or the init strategy's) and the log density there.
 
