@@ -19,14 +19,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxvb import _process, _progress, _static, diagnostics, kernel
-from jaxvb._algebra import finite_rows, masked_sum
+from jaxvb._algebra import finite_rows, masked_sum, where_tree
 from jaxvb._laplace import laplace
 from jaxvb._result import (  # noqa: F401  (re-exported for jaxvb._fit's old users)
     ERRORS,
@@ -83,7 +83,6 @@ def fit(
     max_backtracks: int = 8,
     num_eval_draws: int = 1000,
     num_check_draws: int | None = None,
-    check_chunk: int = 16,
     trace: bool = False,
     progress: int | Callable | _progress.Progress | None = None,
     on_failure: str = "raise",
@@ -132,12 +131,12 @@ def fit(
       num_eval_draws: draws of the fitted ``q`` for the diagnostics (evaluated in
         chunks, so memory does not grow with it).
       num_check_draws: draws for the convergence check (one more update from fresh
-        draws must give ``q`` back; :attr:`Status.NOT_CONVERGED`), evaluated in chunks
-        of ``check_chunk``. Default ``min(num_eval_draws, 200)``; ``0`` skips the check,
-        as does a number below four times the draws the method needs to solve
-        (Algorithm 1 with a large Gaussian).
-      check_chunk: draws of the convergence check evaluated at once (memory: this many
-        of the method's per-draw statistics and derivative computations).
+        draws must give ``q`` back; :attr:`Status.NOT_CONVERGED`), rounded up to a
+        whole number of steps: they are drawn as extra steps of the iteration's own
+        loop, ``num_draws`` (times two if ``antithetic``) at a time, so memory does not
+        grow with them. Default ``min(num_eval_draws, 200)``; ``0`` skips the check, as
+        does a number below four times the draws the method needs to solve (Algorithm 1
+        with a large Gaussian).
       trace: also return per-step :class:`Trace` information.
       progress: report the progress of a long fit from inside the compiled loop (off by
         default): an int ``k`` prints the step and the current ELBO and R^2 estimates
@@ -185,8 +184,6 @@ def fit(
         raise ValueError(f"max_backtracks must be an integer >= 0, got {max_backtracks!r}")
     if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
         raise ValueError(f"num_draws must be a positive integer, got {num_draws!r}")
-    if not isinstance(check_chunk, (int, np.integer)) or check_chunk < 1:
-        raise ValueError(f"check_chunk must be a positive integer, got {check_chunk!r}")
     if on_failure not in ("raise", "warn", "ignore"):
         raise ValueError(
             f"on_failure must be 'raise', 'warn' or 'ignore', got {on_failure!r}"
@@ -230,7 +227,6 @@ def fit(
         max_backtracks=int(max_backtracks),
         num_eval_draws=int(num_eval_draws),
         num_check_draws=int(num_check_draws),
-        check_chunk=int(check_chunk),
         trace=bool(trace),
         progress=progress,
     )
@@ -242,68 +238,39 @@ def fit(
     return check(result, on_failure, num_steps=num_steps, stacklevel=2)
 
 
-def fixed_point_check(
-    key: jax.Array,
-    q: Any,
-    log_joint: Callable,
-    method: Method,
-    num_draws: int,
-    chunk: int = 16,
-) -> tuple[jax.Array, jax.Array]:
-    """``(shift, noise)`` of one more update of ``method`` from fresh draws of ``q``.
+class _Check(NamedTuple):
+    """The convergence check's part of the scan's carry.
+
+    ``q``/``good``: the fit's result (:func:`kernel.finalize` at the last step), whose
+    draws the check steps use; ``sums``/``counts``: their statistics summed for the two
+    halves of the check (leading axis 2).
+    """
+
+    q: Any
+    good: jax.Array
+    sums: Any
+    counts: jax.Array
+
+
+def _check_distances(check: _Check, key: jax.Array, method: Method, log_joint, num: int):
+    """``(shift, noise)`` from the check steps' statistics.
 
     At a solution the regression of the paper returns ``q`` itself, so the update from
     draws of a converged ``q`` differs from it by Monte Carlo noise only. ``shift`` is
     KL(q || update) and ``noise`` KL(update_1 || update_2) between the updates of the
     two halves of the draws (about four times the noise of ``shift``), both to second
-    order, ``Var_q[log a - log b] / 2`` on draws of ``q``: unlike the natural
+    order, ``Var_q[log a - log b] / 2`` on ``num`` draws of ``q``: unlike the natural
     parameters, ``log_prob`` stays accurate for ill-conditioned Gaussians.
-
-    The estimates are summed ``chunk`` draws at a time (a ``lax.scan``), so memory is
-    that of ``chunk`` draws' statistics and derivatives, whatever ``num_draws``.
     """
-    dtype = q.dtype
-    key_est, key_x = jax.random.split(key)
-    half = num_draws // 2
-    width = min(chunk, half)
-    num_chunks = -(-half // width)
-    # The same draws whatever the chunk: the last chunk is padded with repeats, masked.
-    keys = jax.random.split(key_est, 2 * half).reshape(2, half)
-    pad = num_chunks * width - half
-    keys = jnp.concatenate([keys, keys[:, :pad]], axis=1).reshape(2, num_chunks, width)
-    valid = (jnp.arange(num_chunks * width) < half).reshape(num_chunks, width)
-
-    def summed(keys_half):
-        def body(carry, xs):
-            keys_c, valid_c = xs
-            noise = jax.vmap(method.noise, (0, None))(keys_c, q)
-            s_hat, _, _ = jax.vmap(method.estimate, (0, None, None))(noise, q, log_joint)
-            s_hat = jax.tree_util.tree_map(lambda v: v.astype(dtype), s_hat)
-            use = finite_rows(s_hat) & valid_c
-            total, n = carry
-            add = masked_sum(s_hat, use)
-            n = n + jnp.sum(use, dtype=jnp.int32)
-            return (jax.tree_util.tree_map(jnp.add, total, add), n), None
-
-        shapes = jax.eval_shape(
-            lambda k: jax.vmap(method.estimate, (0, None, None))(
-                jax.vmap(method.noise, (0, None))(k, q), q, log_joint
-            )[0],
-            keys_half[0],
-        )
-        zero = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape[1:], dtype), shapes)
-        carry = (zero, jnp.zeros((), jnp.int32))
-        (total, n), _ = jax.lax.scan(body, carry, (keys_half, valid))
-        return total, n
-
-    total_a, n_a = summed(keys[0])
-    total_b, n_b = summed(keys[1])
+    q, dtype = check.q, check.q.dtype
 
     def update(total, n):
-        mean = jax.tree_util.tree_map(lambda v: v / jnp.maximum(n, 1).astype(dtype), total)
+        mean = jax.tree_util.tree_map(
+            lambda v: v / jnp.maximum(n, 1.0).astype(dtype), total
+        )
         return method.solve(mean, q, log_joint)
 
-    x = q.sample(key_x, (2 * half,))
+    x = q.sample(key, (num,))
 
     def distance(a, b):
         d = jax.vmap(a.log_prob)(x) - jax.vmap(b.log_prob)(x)
@@ -311,9 +278,11 @@ def fixed_point_check(
         proper = a.is_proper & b.is_proper & jnp.isfinite(value)
         return jnp.where(proper, value, jnp.inf)
 
-    both = jax.tree_util.tree_map(jnp.add, total_a, total_b)
-    shift = distance(q, update(both, n_a + n_b))
-    return shift, distance(update(total_a, n_a), update(total_b, n_b))
+    half = [jax.tree_util.tree_map(lambda v, i=i: v[i], check.sums) for i in (0, 1)]
+    both = jax.tree_util.tree_map(jnp.add, *half)
+    shift = distance(q, update(both, check.counts[0] + check.counts[1]))
+    noise = distance(update(half[0], check.counts[0]), update(half[1], check.counts[1]))
+    return shift, noise
 
 
 @partial(
@@ -327,7 +296,6 @@ def fixed_point_check(
         "max_backtracks",
         "num_eval_draws",
         "num_check_draws",
-        "check_chunk",
         "trace",
         "progress",
     ),
@@ -346,7 +314,6 @@ def _fit(
     max_backtracks,
     num_eval_draws,
     num_check_draws,
-    check_chunk,
     trace,
     progress,
 ):
@@ -364,28 +331,75 @@ def _fit(
     key_progress = jax.random.fold_in(key_eval, 2)  # never used by the iteration
     state0 = kernel.init(key_init, q0, log_joint, method)
 
-    def body(state, inputs):
-        keys_t, t = inputs
-        # this step's unbiased minibatch estimate of log p, or log p itself
-        target = log_joint if key_batch is None else log_joint.batch(key_batch, t)
-        state, info = kernel.step(
-            keys_t,
+    # Did the iteration settle? One more update from fresh draws of q must give q back
+    # (up to its noise). The check's draws run as extra steps of the same scan, the
+    # update swapped for a sum, so that the log joint's derivatives (most of the
+    # program) are compiled once: a second traced estimate doubled the compile time.
+    per_step = num_draws * (2 if antithetic else 1)
+    num_check_steps = 2 * -(-(num_check_draws // 2) // per_step) if num_check_draws else 0
+    checking_on = num_check_steps > 0
+    zeros2 = jax.tree_util.tree_map(lambda v: jnp.zeros((2, *v.shape), dtype), state0.stats)
+    check0 = _Check(q0, jnp.zeros((), bool), zeros2, jnp.zeros((2,), dtype))
+
+    def iterate(state, check, draws, t, target):
+        state, info = kernel._advance(
             state,
+            draws,
             t,
             target,
             method,
             step_size=w,
             average_from=num_steps / 2,
-            antithetic=antithetic,
             max_backtracks=max_backtracks,
         )
         if progress is not None:
             _progress.report(
                 progress, key_progress, t, num_steps, state.q, log_p_fn, state.status
             )
+        if checking_on:  # the result, once, at the last step: the check draws from it
+            q, good = jax.lax.cond(
+                t == num_steps,
+                lambda: kernel.finalize(state, method, log_joint),
+                lambda: (check.q, check.good),
+            )
+            check = check._replace(q=q, good=good)
         if not trace:
-            return state, None
-        return state, Trace(state.q.natural_params, info.log_density, info.proper)
+            return state, check, None
+        return state, check, Trace(state.q.natural_params, info.log_density, info.proper)
+
+    def accumulate(state, check, draws, t, target):
+        del target
+        s_hat = draws[0]
+        use = finite_rows(s_hat)
+        half = (t - num_steps) % 2  # the two halves alternate
+        add = masked_sum(s_hat, use)
+        sums = jax.tree_util.tree_map(lambda a, v: a.at[half].add(v), check.sums, add)
+        counts = check.counts.at[half].add(jnp.sum(use).astype(dtype))
+        check = check._replace(sums=sums, counts=counts)
+        if not trace:
+            return state, check, None
+        nan = jnp.full((), jnp.nan, dtype)
+        return state, check, Trace(state.q.natural_params, nan, jnp.ones((), bool))
+
+    def body(carry, inputs):
+        state, check = carry
+        keys_t, t = inputs
+        # this step's unbiased minibatch estimate of log p, or log p itself
+        target = log_joint if key_batch is None else log_joint.batch(key_batch, t)
+        if checking_on:
+            checking = t > num_steps
+            q_draw = where_tree(checking, check.q, state.q)
+        else:
+            q_draw = state.q
+        draws = kernel._estimate(keys_t, q_draw, target, method, antithetic)
+        args = (state, check, draws, t, target)  # the target stays a closure
+        if checking_on:
+            state, check, trace_t = jax.lax.cond(
+                checking, lambda: accumulate(*args), lambda: iterate(*args)
+            )
+        else:
+            state, check, trace_t = iterate(*args)
+        return (state, check), trace_t
 
     # Every step's draw keys, split before the loop (the same keys as splitting each
     # step's key inside it): inside, each split is a chain of small runtime steps
@@ -393,24 +407,26 @@ def _fit(
     keys = jax.vmap(lambda k: jax.random.split(k, num_draws))(
         jax.random.split(key_fit, num_steps)
     )
-    steps = jnp.arange(1, num_steps + 1, dtype=jnp.int32)
-    state, infos = jax.lax.scan(body, state0, (keys, steps))
-
-    q, good = kernel.finalize(state, method, log_joint)
-    status = state.status | jnp.where(good, 0, int(Status.IMPROPER_RESULT))
-
-    # Did the iteration settle? One more update from fresh draws of q must give q back
-    # (up to its noise).
-    shift = jnp.full((), jnp.nan, dtype)
-    if num_check_draws:
-        shift, noise = fixed_point_check(
-            jax.random.fold_in(key_eval, 1),
-            q,
-            log_joint,
-            method,
-            num_check_draws,
-            check_chunk,
+    key_check, key_check_x = jax.random.split(jax.random.fold_in(key_eval, 1))
+    if checking_on:
+        check_keys = jax.vmap(lambda k: jax.random.split(k, num_draws))(
+            jax.random.split(key_check, num_check_steps)
         )
+        keys = jnp.concatenate([keys, check_keys])
+    steps = jnp.arange(1, num_steps + num_check_steps + 1, dtype=jnp.int32)
+    (state, check), infos = jax.lax.scan(body, (state0, check0), (keys, steps))
+    if trace:
+        infos = jax.tree_util.tree_map(lambda v: v[:num_steps], infos)
+
+    shift = jnp.full((), jnp.nan, dtype)
+    if checking_on:
+        q, good = check.q, check.good
+    else:
+        q, good = kernel.finalize(state, method, log_joint)
+    status = state.status | jnp.where(good, 0, int(Status.IMPROPER_RESULT))
+    if checking_on:
+        num = num_check_steps * per_step
+        shift, noise = _check_distances(check, key_check_x, method, log_joint, num)
         settled = jnp.isfinite(shift) & (shift <= jnp.maximum(1.0, noise))
         status = status | jnp.where(good & ~settled, int(Status.NOT_CONVERGED), 0)
 

@@ -233,13 +233,44 @@ def step(
       >>> state.q.mean.tolist(), bool(info.proper), float(state.count)
       ([3.0], True, 1.0)
     """
-    q = state.q
-    dtype = q.dtype
-    t = jnp.asarray(t, jnp.int32)
+    draws = _estimate(keys, state.q, log_joint, method, antithetic)
+    return _advance(
+        state,
+        draws,
+        t,
+        log_joint,
+        method,
+        step_size=step_size,
+        average_from=average_from,
+        max_backtracks=max_backtracks,
+    )
+
+
+def _estimate(
+    keys: jax.Array, q: Any, log_joint: Callable, method: Method, antithetic: bool = False
+) -> tuple[Any, jax.Array, jax.Array]:
+    """``(s_hat, x, log_p)`` of one step: each draw's statistics, point and log density."""
     noise = _draw_noise(keys, q, method, antithetic)
     s_hat, x, log_p = jax.vmap(method.estimate, (0, None, None))(noise, q, log_joint)
-    s_hat = cast_tree(s_hat, dtype)
-    log_p = jnp.asarray(log_p).astype(dtype)
+    return cast_tree(s_hat, q.dtype), x, jnp.asarray(log_p).astype(q.dtype)
+
+
+def _advance(
+    state: State,
+    draws: tuple[Any, jax.Array, jax.Array],
+    t: jax.Array,
+    log_joint: Callable,
+    method: Method,
+    *,
+    step_size: jax.Array,
+    average_from: float,
+    max_backtracks: int,
+) -> tuple[State, Info]:
+    """The rest of :func:`step` once the draws are made (:func:`_estimate`)."""
+    s_hat, x, log_p = draws
+    dtype = state.q.dtype
+    q = state.q
+    t = jnp.asarray(t, jnp.int32)
 
     ok = finite_rows(s_hat)  # a draw counts only if all its statistics are finite
     n_ok = jnp.sum(ok).astype(dtype)
