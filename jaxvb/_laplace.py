@@ -36,9 +36,10 @@ import numpy as np
 from jax.scipy.linalg import cho_solve
 
 from jaxvb import _static
+from jaxvb._algebra import precision_factor
 from jaxvb._process import jit_once
 from jaxvb.families._base import build, is_concrete
-from jaxvb.families.gaussian import Gaussian, precision_factor
+from jaxvb.families.gaussian import Gaussian
 from jaxvb.methods._base import value_grad_hessian
 
 

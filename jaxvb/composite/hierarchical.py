@@ -48,6 +48,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxvb._algebra import solve_equilibrated
 from jaxvb.families._base import (
     Array,
     ExponentialFamily,
@@ -69,7 +70,7 @@ from jaxvb.linalg import (
 )
 from jaxvb.linalg import _small as small
 from jaxvb.methods._base import Method, trust_region
-from jaxvb.methods.gradient import GradientStats, _solve_linear
+from jaxvb.methods.gradient import GradientStats
 
 _STATIC = {"static": True}
 
@@ -634,7 +635,7 @@ def hierarchical(
     def solve_fn(stats, q, log_joint=None):
         del log_joint
         scalars = tuple(
-            b.from_natural(_solve_linear(s.C, s.g))
+            b.from_natural(solve_equilibrated(s.C, s.g))
             for b, s in zip(q.scalars, stats.scalars, strict=True)
         )
         shift = stats.a + matvec_arrowhead(stats.sites, stats.z)

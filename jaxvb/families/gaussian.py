@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
+from jaxvb._algebra import precision_factor, solve_precision  # noqa: F401  (re-exported)
 from jaxvb.families._base import (
     Array,
     ExponentialFamily,
@@ -34,43 +35,6 @@ def _unpack_precision(eta2: Array, d: int) -> Array:
     i, j = _triu(d)
     upper = jnp.zeros((d, d), eta2.dtype).at[i, j].set(eta2)
     return upper + jnp.triu(upper, 1).T
-
-
-def precision_factor(precision: Array) -> Array:
-    """The upper-triangular ``U`` with ``U U' = precision`` and a positive diagonal.
-
-    The "reversed" Cholesky factor ``U = J chol(J P J) J`` (``J`` the exchange matrix):
-    one Cholesky of the precision. Its inverse transpose ``U^{-T}`` is lower triangular
-    with a positive diagonal and ``U^{-T} U^{-1} = P^{-1}``, so it *is* the Cholesky
-    factor of the covariance (which is unique): draws ``m + U^{-T} z`` are the draws
-    ``m + chol(cov) z`` without forming ``cov``. NaN where ``precision`` is not positive
-    definite. Leading axes are batch axes.
-
-    Example:
-      >>> import jax.numpy as jnp
-      >>> p = jnp.array([[2.0, 0.5], [0.5, 1.0]])
-      >>> u = precision_factor(p)
-      >>> float(u[1, 0]), bool(jnp.allclose(u @ u.T, p))
-      (0.0, True)
-    """
-    flipped = jnp.flip(precision, (-2, -1))
-    return jnp.flip(jnp.linalg.cholesky(flipped), (-2, -1))
-
-
-def solve_precision(factor: Array, b: Array) -> Array:
-    """``P^{-1} b`` for ``P = U U'`` from its factor ``U`` (:func:`precision_factor`).
-
-    Two triangular solves, ``O(d^2)`` per right-hand side ``b`` of shape ``(d,)``.
-
-    Example:
-      >>> import jax.numpy as jnp
-      >>> p = jnp.array([[2.0, 0.5], [0.5, 1.0]])
-      >>> x = solve_precision(precision_factor(p), jnp.array([1.0, 2.0]))
-      >>> bool(jnp.allclose(p @ x, jnp.array([1.0, 2.0])))
-      True
-    """
-    y = solve_triangular(factor, b, lower=False)
-    return solve_triangular(factor, y, lower=False, trans="T")
 
 
 def _factor_from_cov(cov: Array) -> Array:

@@ -44,9 +44,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
+from jaxvb._algebra import solve_equilibrated
 from jaxvb.families._base import build
 from jaxvb.families.gaussian import Gaussian
-from jaxvb.linalg import _small as small
 from jaxvb.methods._base import Method, require_exponential_family
 from jaxvb.methods._registry import register
 
@@ -174,19 +174,6 @@ def _check_parameterization(p: Parameterization, q0, key) -> None:
         )
 
 
-def _solve_linear(c: jax.Array, g: jax.Array) -> jax.Array:
-    """``C^{-1} g`` for a square, non-symmetric ``C``: LU after equilibration.
-
-    The rows and columns of ``C`` can differ in scale by orders of magnitude (a mean
-    and a precision, say), so both are scaled to unit largest entry first. A singular
-    ``C`` gives inf or NaN, which ``fit`` flags as an improper update.
-    """
-    row = 1.0 / jnp.max(jnp.abs(c), axis=1)
-    c = c * row[:, None]
-    col = 1.0 / jnp.max(jnp.abs(c), axis=0)
-    return col * small.solve(c * col[None, :], g * row)
-
-
 @functools.cache
 def gradient(parameterization: Parameterization | None = None) -> Method:
     """Stochastic linear regression with statistics from ``grad log p`` (sec. 5.2, 5.4).
@@ -263,7 +250,7 @@ def gradient(parameterization: Parameterization | None = None) -> Method:
 
     def solve_fn(stats, q, log_joint=None):
         del log_joint
-        return q.from_natural(_solve_linear(stats.C, stats.g))
+        return q.from_natural(solve_equilibrated(stats.C, stats.g))
 
     def min_draws(q):
         require_exponential_family(q, "gradient")

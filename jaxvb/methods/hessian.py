@@ -20,8 +20,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxvb._algebra import precision_factor, solve_precision
 from jaxvb.families._base import build
-from jaxvb.families.gaussian import Gaussian, precision_factor, solve_precision
+from jaxvb.families.gaussian import Gaussian
 from jaxvb.methods._base import Method, value_grad_hessian
 from jaxvb.methods._registry import register
 

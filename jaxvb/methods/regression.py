@@ -18,6 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxvb._algebra import solve_gram  # noqa: F401  (re-exported)
 from jaxvb.families._base import ExponentialFamily
 from jaxvb.methods._base import Method, require_exponential_family
 from jaxvb.methods._registry import register
@@ -69,24 +70,6 @@ def expected_outer_stats(q) -> jax.Array:
     second = q.fisher_information + jnp.outer(mu, mu)
     top = jnp.concatenate([jnp.ones((1,), mu.dtype), mu])
     return jnp.concatenate([top[None, :], jnp.concatenate([mu[:, None], second], 1)])
-
-
-def solve_gram(c: jax.Array, g: jax.Array) -> jax.Array:
-    """``C^{-1} g`` for a Gram matrix ``C`` (positive definite, here ``E[T~' T~]``).
-
-    Cholesky after Jacobi scaling, since the statistics can differ in scale by orders
-    of magnitude. A singular ``C`` gives NaN, which ``fit`` flags as an improper update.
-
-    Example:
-      >>> import jax.numpy as jnp
-      >>> from jaxvb.methods.regression import solve_gram
-      >>> c = jnp.array([[1.0, -0.5], [-0.5, 0.5]])
-      >>> [round(v, 12) for v in solve_gram(c, c @ jnp.array([1.0, 2.0])).tolist()]
-      [1.0, 2.0]
-    """
-    scale = jax.lax.rsqrt(jnp.diagonal(c))
-    chol = jnp.linalg.cholesky(c * scale[:, None] * scale[None, :])
-    return scale * jax.scipy.linalg.cho_solve((chol, True), g * scale)
 
 
 @functools.cache

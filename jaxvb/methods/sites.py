@@ -38,12 +38,11 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
+from jaxvb._algebra import precision_factor, solve_equilibrated, solve_gram, solve_precision
 from jaxvb.families._base import build
-from jaxvb.families.gaussian import Gaussian, precision_factor, solve_precision
+from jaxvb.families.gaussian import Gaussian
 from jaxvb.methods._base import Method
 from jaxvb.methods._registry import register
-from jaxvb.methods.gradient import _solve_linear
-from jaxvb.methods.regression import solve_gram
 from jaxvb.structure import Factors
 
 ESTIMATORS = ("regression", "gradient", "hessian")
@@ -219,7 +218,7 @@ def sites(estimator: str = "regression") -> Method:
             eta = jax.vmap(solve_gram)(stats.C, stats.g)
             h, p = eta[:, 1], eta[:, 2]
         elif estimator == "gradient":
-            eta = jax.vmap(_solve_linear)(stats.C, stats.g)
+            eta = jax.vmap(solve_equilibrated)(stats.C, stats.g)
             h, p = eta[:, 0], eta[:, 1]
         else:
             p = stats.C
