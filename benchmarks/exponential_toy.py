@@ -20,7 +20,9 @@ S >= 2; est1 often gives negative rates for S < 10; esta is unbiased.
 
 Outputs (in ``benchmarks/results/`` unless ``--out`` or ``--quick``):
 ``exponential_toy.json``, ``exponential_toy_iterations.png`` and
-``exponential_toy_estimators.png``.
+``exponential_toy_estimators.png``. ``notebooks/exponential_toy.ipynb`` reads the
+stored ``exponential_toy.json`` (:func:`read_result`) and draws its figures with
+:func:`plot_iterations` and :func:`plot_estimators`.
 
 Usage::
 
@@ -43,11 +45,8 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import matplotlib
 import numpy as np
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure
 
 try:
     import jaxvb
@@ -58,6 +57,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import git_state as _git_state  # noqa: E402
 
+RESULTS = Path(__file__).resolve().parent / "results"  # the stored results
 ESTIMATORS = ("joint", "independent", "analytic")
 LABELS_A = {
     "joint": "same draw for g and C (Algorithm 1)",
@@ -225,12 +225,18 @@ def run_iterations(num_steps, repeats, seed, intercept=INTERCEPT):
     return out
 
 
-def plot_iterations(results, path, repeats):
-    fig, (ax, axf) = plt.subplots(
-        2, 1, figsize=(7.5, 7.0), sharex=True, gridspec_kw=dict(height_ratios=[3, 1])
-    )
+def plot_iterations(result, path=None):
+    """Figure A of a report (as :func:`main` returns it or :func:`read_result` reads it).
+
+    Saved to ``path`` if one is given; returned either way. Like :func:`plot_estimators`
+    it draws a plain :class:`matplotlib.figure.Figure`, not registered with pyplot:
+    nothing here selects or changes a matplotlib backend.
+    """
+    repeats = result["settings"]["figure_a"]["repeats"]
+    fig = Figure(figsize=(7.5, 7.0))
+    ax, axf = fig.subplots(2, 1, sharex=True, gridspec_kw=dict(height_ratios=[3, 1]))
     for est in ESTIMATORS:
-        rows = results[est]
+        rows = result["figure_a"][est]
         n = np.array([r["num_steps"] for r in rows])
         m = np.array([r["log_eta_all"]["mean"] for r in rows])
         s = np.array([r["log_eta_all"]["sd"] for r in rows])
@@ -256,8 +262,9 @@ def plot_iterations(results, path, repeats):
     axf.set_ylim(-0.03, 1.03)
     axf.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    if path is not None:
+        fig.savefig(path, dpi=130)
+    return fig
 
 
 # --------------------------------------------------------------------------- figure B
@@ -312,13 +319,14 @@ def one_shot_estimates(num_samples, repeats, seed):
     return out
 
 
-def plot_estimators(results, path, repeats):
-    fig, (ax, axn) = plt.subplots(
-        2, 1, figsize=(7.5, 7.0), sharex=True, gridspec_kw=dict(height_ratios=[3, 1.3])
-    )
+def plot_estimators(result, path=None):
+    """Figure B of a report; saved to ``path`` if one is given, returned either way."""
+    repeats = result["settings"]["figure_b"]["repeats"]
+    fig = Figure(figsize=(7.5, 7.0))
+    ax, axn = fig.subplots(2, 1, sharex=True, gridspec_kw=dict(height_ratios=[3, 1.3]))
     ylim = (-3.0, 6.0)
     for est in ("independent", "joint", "analytic"):
-        rows = [r for r in results[est] if r["defined"]]
+        rows = [r for r in result["figure_b"][est] if r["defined"]]
         s = np.array([r["S"] for r in rows])
         m = np.array([r["eta"]["mean"] for r in rows])
         sd = np.array([r["eta"]["sd"] for r in rows])
@@ -347,11 +355,17 @@ def plot_estimators(results, path, repeats):
     handles, labels = ax.get_legend_handles_labels()
     axn.legend(handles, labels, loc="upper right", fontsize=8.5)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    if path is not None:
+        fig.savefig(path, dpi=130)
+    return fig
 
 
 # --------------------------------------------------------------------------- main
+
+
+def read_result(directory=RESULTS):
+    """The report in ``directory/exponential_toy.json`` (by default the stored one)."""
+    return json.loads((Path(directory) / "exponential_toy.json").read_text())
 
 
 def _strip_private(results):
@@ -381,7 +395,7 @@ def main(argv=None):
     elif args.quick:
         out = Path(tempfile.mkdtemp(prefix="exponential_toy_"))
     else:
-        out = Path(__file__).resolve().parent / "results"
+        out = RESULTS
     out.mkdir(parents=True, exist_ok=True)
 
     t_start = time.perf_counter()
@@ -483,8 +497,8 @@ def main(argv=None):
         ),
         wall_time_s=wall,
     )
-    plot_iterations(res_a, out / "exponential_toy_iterations.png", settings["repeats_a"])
-    plot_estimators(res_b, out / "exponential_toy_estimators.png", settings["repeats_b"])
+    plot_iterations(report, out / "exponential_toy_iterations.png")
+    plot_estimators(report, out / "exponential_toy_estimators.png")
     (out / "exponential_toy.json").write_text(json.dumps(report, indent=2) + "\n")
 
     print("\nChecks:")

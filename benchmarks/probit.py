@@ -31,7 +31,8 @@ method starting from the prior and using one draw per step.
    Python loop over the same jitted single fit.
 
 Outputs (in ``benchmarks/results/`` unless ``--out`` or ``--quick``): ``probit.json``
-and ``probit.png``.
+and ``probit.png``. ``notebooks/probit.ipynb`` reads the stored ``probit.json``
+(:func:`read_result`) and draws its figure with :func:`plot`.
 
 Usage::
 
@@ -53,11 +54,8 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import matplotlib
 import numpy as np
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure
 
 try:
     import jaxvb
@@ -71,6 +69,7 @@ from jaxvb.models import probit  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment  # noqa: E402
 
+RESULTS = Path(__file__).resolve().parent / "results"  # the stored results
 METHODS = ("basic", "factor", "factor_gradient", "hessian", "hessian_minibatch", "vbem")
 LABELS = {
     "basic": "Basic (Algorithm 1)",
@@ -672,8 +671,23 @@ def run_speed(design, y, ref, settings, seed):
 # --------------------------------------------------------------------------- figure
 
 
-def plot(curves, table, path, num_datasets, ref_n):
-    fig, (ax, axk) = plt.subplots(1, 2, figsize=(13, 5.2))
+def read_result(directory=RESULTS):
+    """The report in ``directory/probit.json`` (by default the stored one)."""
+    return json.loads((Path(directory) / "probit.json").read_text())
+
+
+def plot(result, path=None):
+    """The figure of a report (as :func:`main` returns it or :func:`read_result` reads it).
+
+    Saved to ``path`` (``probit.png``) if one is given; returned either way. The figure
+    is a plain :class:`matplotlib.figure.Figure`, not registered with pyplot: nothing
+    here selects or changes a matplotlib backend.
+    """
+    curves = result["curves"]
+    num_datasets = result["settings"]["num_datasets"]
+    ref_n = len(result["reference"]["mean"])
+    fig = Figure(figsize=(13, 5.2))
+    ax, axk = fig.subplots(1, 2)
     for name in METHODS:
         rows = curves[name]
         ev = [r["likelihood_evaluations"] for r in rows]
@@ -712,8 +726,26 @@ def plot(curves, table, path, num_datasets, ref_n):
     axk.set_title(f"Distance to the exact posterior (NUTS), mean over {ref_n} data sets")
     axk.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    if path is not None:
+        fig.savefig(path, dpi=130)
+    return fig
+
+
+def table_lines(table):
+    """The table of a report (largest N of each method), one line per method."""
+    lines = []
+    for name in (*METHODS, "nuts_reference"):
+        r = table[name]
+        extra = (
+            f"  R^2 {r['r_squared']:.3f}  KL {r['vs_nuts']['kl']:.4f}  "
+            f"SME {r['vs_nuts']['sme_max']:.4f}"
+            if "vs_nuts" in r
+            else ""
+        )
+        lines.append(
+            f"  {r['label']:40s} RMSE {r['rmse']:.4f}  log score {r['log_score']:7.3f}{extra}"
+        )
+    return lines
 
 
 # --------------------------------------------------------------------------- main
@@ -774,7 +806,7 @@ def main(argv=None):
     elif args.quick:
         out = Path(tempfile.mkdtemp(prefix="probit_"))
     else:
-        out = Path(__file__).resolve().parent / "results"
+        out = RESULTS
     out.mkdir(parents=True, exist_ok=True)
 
     t_start = time.perf_counter()
@@ -828,21 +860,11 @@ def main(argv=None):
         environment=_environment(),
         wall_time_s=wall,
     )
-    plot(curves, table, out / "probit.png", settings["num_datasets"], len(ref["mean"]))
+    plot(report, out / "probit.png")
     (out / "probit.json").write_text(json.dumps(report, indent=2) + "\n")
 
     print("\nTable (largest N of each method):")
-    for name in (*METHODS, "nuts_reference"):
-        r = table[name]
-        extra = (
-            f"  R^2 {r['r_squared']:.3f}  KL {r['vs_nuts']['kl']:.4f}  "
-            f"SME {r['vs_nuts']['sme_max']:.4f}"
-            if "vs_nuts" in r
-            else ""
-        )
-        print(
-            f"  {r['label']:40s} RMSE {r['rmse']:.4f}  log score {r['log_score']:7.3f}{extra}"
-        )
+    print("\n".join(table_lines(table)))
     print("\nTargets:")
     print(json.dumps(targets, indent=2))
     print(f"\nwall time {wall:.1f} s; results in {out}")
