@@ -29,6 +29,10 @@ separately), with ``block_until_ready``; the median over the repeats is reported
 
 Outputs (in ``benchmarks/results/`` unless ``--out`` or ``--quick``):
 ``beta_binomial.json``, ``beta_binomial_kl.png`` and ``beta_binomial_contours.png``.
+Both figures are drawn from the JSON report alone (the contour plot rebuilds each
+``K``'s first fit from its stored weights, means and covariances), so
+``notebooks/beta_binomial.ipynb`` reads the stored report (:func:`read_result`) and
+draws them with :func:`plot_kl` and :func:`plot_contours`.
 
 Usage::
 
@@ -49,11 +53,10 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import matplotlib
 import numpy as np
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+jax.config.update("jax_enable_x64", True)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -67,6 +70,7 @@ from _common import environment  # noqa: E402
 
 from jaxvb.models import beta_binomial  # noqa: E402
 
+RESULTS = HERE / "results"  # the stored results
 X0 = (-7.0, 6.0)  # where the mode search starts
 FULL = dict(
     components=(1, 2, 3, 4, 5, 6, 7, 8),
@@ -207,7 +211,7 @@ def run(settings, seed) -> dict:
     print(f"  log Z = {log_z:.8f} (half grid {norm['log_z_half_grid']:.8f})", flush=True)
 
     laplace = jaxvb.laplace(log_joint, jnp.array(X0))
-    rows, fits, quad_err = [], {}, 0.0
+    rows, quad_err = [], 0.0
     for k in settings["components"]:
         q0 = jaxvb.GaussianMixture.around(laplace, k)
 
@@ -262,7 +266,6 @@ def run(settings, seed) -> dict:
                     covs=np.asarray(res.q.covs).tolist(),
                 )
             )
-            fits.setdefault(k, res.q)  # the first key's fit is drawn
         row = dict(
             K=k,
             compile_s=compile_s,
@@ -283,16 +286,7 @@ def run(settings, seed) -> dict:
                 mean=float(values.mean()), min=float(values.min()), max=float(values.max())
             )
         rows.append(row)
-        first = repeats[0]
-        print(
-            f"  K={k}: exact KL {row['exact_kl']['mean']:.4f}  "
-            f"s^2/2 {row['kl']['mean']:.4f}  R^2 {row['r_squared']['mean']:.4f} "
-            f"(exact {row['exact_r_squared']['mean']:.4f})  "
-            f"log Z error {row['log_evidence_error']['mean']:+.4f}  "
-            f"{1e3 * row['median_s']:.0f} ms (compile {compile_s:.1f} s)  "
-            f"status {first['status']}  alive {first['num_alive']}",
-            flush=True,
-        )
+        print(row_line(row), flush=True)
     quadrature = dict(
         norm,
         wide_grid=dict(box=WIDE, points=list(settings["wide"])),
@@ -303,7 +297,20 @@ def run(settings, seed) -> dict:
             how="largest change when both grids are halved in each direction",
         ),
     )
-    return dict(rows=rows, quadrature=quadrature, fits=fits, log_p_fn=log_p_fn)
+    return dict(rows=rows, quadrature=quadrature)
+
+
+def row_line(row) -> str:
+    """One row of the table (one ``K``, means over its repeats) as a line of text."""
+    first = row["repeats"][0]
+    return (
+        f"  K={row['K']}: exact KL {row['exact_kl']['mean']:.4f}  "
+        f"s^2/2 {row['kl']['mean']:.4f}  R^2 {row['r_squared']['mean']:.4f} "
+        f"(exact {row['exact_r_squared']['mean']:.4f})  "
+        f"log Z error {row['log_evidence_error']['mean']:+.4f}  "
+        f"{1e3 * row['median_s']:.0f} ms (compile {row['compile_s']:.1f} s)  "
+        f"status {first['status']}  alive {first['num_alive']}"
+    )
 
 
 def targets(rows) -> dict:
@@ -338,13 +345,38 @@ def targets(rows) -> dict:
     return out
 
 
-def plot_kl(rows, path):
+def read_result(directory=RESULTS) -> dict:
+    """The report in ``directory/beta_binomial.json`` (by default the stored one)."""
+    return json.loads((Path(directory) / "beta_binomial.json").read_text())
+
+
+def first_fits(result) -> dict:
+    """``K -> GaussianMixture``: each ``K``'s first fit, rebuilt from the report."""
+    return {
+        row["K"]: jaxvb.GaussianMixture(
+            weights=jnp.asarray(row["repeats"][0]["weights"]),
+            means=jnp.asarray(row["repeats"][0]["means"]),
+            covs=jnp.asarray(row["repeats"][0]["covs"]),
+        )
+        for row in result["table"]
+    }
+
+
+def plot_kl(result, path=None) -> Figure:
+    """The KL and log-evidence figure of a report (as :func:`main` returns it or
+    :func:`read_result` reads it), saved to ``path`` if one is given.
+
+    A plain :class:`matplotlib.figure.Figure`, not registered with pyplot: nothing here
+    selects or changes a matplotlib backend.
+    """
+    rows = result["table"]
     ks = [r["K"] for r in rows]
 
     def series(name, stat="mean"):
         return np.array([r[name][stat] for r in rows])
 
-    fig, (ax, axe) = plt.subplots(1, 2, figsize=(12, 4.6))
+    fig = Figure(figsize=(12, 4.6))
+    ax, axe = fig.subplots(1, 2)
     ax.plot(
         ks,
         series("exact_kl"),
@@ -392,28 +424,36 @@ def plot_kl(rows, path):
     axe.grid(alpha=0.3, which="both")
     axe.legend(fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    if path is not None:
+        fig.savefig(path, dpi=130)
+    return fig
 
 
-def plot_contours(fits, log_p_fn, log_z, path):
+def plot_contours(result, path=None) -> Figure:
+    """The contour figure of a report: each ``K``'s first fit (:func:`first_fits`) over
+    the exact posterior (the model's log density, normalised by the report's quadrature
+    ``log Z``), saved to ``path`` if one is given. A plain Figure, as :func:`plot_kl`'s.
+    """
+    fits = first_fits(result)
+    log_p_fn = jax.jit(jax.vmap(beta_binomial.cancer_mortality_log_joint()))
+    log_z = result["quadrature"]["log_z"]
     x1 = np.linspace(-7.8, -5.8, 161)
     x2 = np.linspace(5.0, 13.0, 161)
     grid = np.stack(np.meshgrid(x1, x2, indexing="ij"), -1).reshape(-1, 2)
     exact = np.exp(np.asarray(log_p_fn(grid)) - log_z).reshape(len(x1), len(x2))
+    log_q_fn = jax.jit(lambda q: jax.vmap(q.log_prob)(grid))  # one compile per K
     levels = exact.max() * np.array([0.01, 0.05, 0.15, 0.3, 0.5, 0.7, 0.9])
     panels = [(f"K = {k}", q) for k, q in fits.items()] + [("exact posterior", None)]
     ncol = 3
     nrow = -(-len(panels) // ncol)
-    fig, axes = plt.subplots(
-        nrow, ncol, figsize=(4 * ncol, 3.4 * nrow), sharex=True, sharey=True
-    )
+    fig = Figure(figsize=(4 * ncol, 3.4 * nrow))
+    axes = fig.subplots(nrow, ncol, sharex=True, sharey=True)
     axes = np.atleast_1d(axes).ravel()
     for ax, (title, q) in zip(axes, panels, strict=False):
         if q is None:
             density, color = exact, "k"
         else:
-            density = np.exp(np.asarray(jax.vmap(q.log_prob)(grid))).reshape(exact.shape)
+            density = np.exp(np.asarray(log_q_fn(q))).reshape(exact.shape)
             ax.contour(x2, x1, exact, levels=levels, colors="0.75", linewidths=0.8)
             color = "C0"
         ax.contour(x2, x1, density, levels=levels, colors=color, linewidths=1.2)
@@ -435,8 +475,9 @@ def plot_contours(fits, log_p_fn, log_z, path):
         fontsize=11,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
 
 
 def main(argv=None):
@@ -449,7 +490,7 @@ def main(argv=None):
     jax.config.update("jax_enable_x64", True)
     settings = QUICK if args.quick else FULL
     default = Path(tempfile.mkdtemp(prefix="beta_binomial_")) if args.quick else None
-    out = args.out or default or HERE / "results"
+    out = args.out or default or RESULTS
     out.mkdir(parents=True, exist_ok=True)
 
     t_start = time.perf_counter()
@@ -483,13 +524,8 @@ def main(argv=None):
         environment=dict(environment(), load_average_before=load_before),
         wall_time_s=time.perf_counter() - t_start,
     )
-    plot_kl(rows, out / "beta_binomial_kl.png")
-    plot_contours(
-        result["fits"],
-        result["log_p_fn"],
-        result["quadrature"]["log_z"],
-        out / "beta_binomial_contours.png",
-    )
+    plot_kl(report, out / "beta_binomial_kl.png")
+    plot_contours(report, out / "beta_binomial_contours.png")
     (out / "beta_binomial.json").write_text(json.dumps(report, indent=2) + "\n")
     print("\nTargets:")
     print(json.dumps(report["targets"], indent=2))

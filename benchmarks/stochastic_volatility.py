@@ -32,7 +32,15 @@ Monte Carlo error in the means is < 0.01 posterior sd, so it can judge errors of
 
 Outputs (in ``benchmarks/results/`` unless ``--out``; ``--quick`` writes to a temporary
 directory): ``stochastic_volatility.json``, ``stochastic_volatility_posteriors.png``,
-``stochastic_volatility_volatility.png``, ``stochastic_volatility_scaling.png``.
+``stochastic_volatility_volatility.png``, ``stochastic_volatility_scaling.png``, and
+``stochastic_volatility_figures.json``: what the figures show of the draws of ``q``
+(the first accuracy fit of each equation: density estimates on a grid, quantiles of the
+volatilities), :func:`figure_record`. The figures are drawn from the two JSON files and
+the NUTS reference alone, so ``notebooks/stochastic_volatility.ipynb`` reads the stored
+files (:func:`read_result`, :func:`read_figures`, :func:`read_reference`) and draws them
+with :func:`plot_posteriors`, :func:`plot_volatility`, :func:`plot_scaling` (and
+:func:`plot_volatility_level`). :func:`recompute_figures` rewrites the figures' file alone
+(the first accuracy fits again, a minute or two, not the whole benchmark).
 
 ``--quick`` is a smoke test: eq. svapprox with diagnostics only (one compiled fit), 2
 fits of 10000 draws for accuracy, T = 945 and 1890 for scaling. It turns on JAX's
@@ -93,6 +101,8 @@ EQUATIONS = {"svapprox": False, "sv2": True}  # name -> indirect_effects
 DIAGNOSTICS = {"diagnostics": NUM_EVAL_DRAWS, "no_diagnostics": 2}
 SIMULATION = dict(phi=0.95, s2=0.05, beta=0.65)
 REFERENCE = HERE.parent / "tests" / "data" / "sv_nuts.json"
+RESULTS = HERE / "results"  # the stored results
+FIGURES = "stochastic_volatility_figures.json"  # the figures' data, beside the report
 REFERENCE_SEED = 11
 THINNED_DRAWS = 2000  # per parameter, stored in the reference for histograms
 TARGETS = dict(fit_ms=50.0, speedup=200.0, mean_error_sd=0.1, sd_rel_error=0.15)
@@ -572,33 +582,132 @@ def run_scaling(settings: dict, env: dict, timeout_s: float) -> dict:
 # --- figures -------------------------------------------------------------------------------
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+def _rounded(a, digits: int = 6) -> list:
+    return [float(f"{x:.{digits}g}") for x in np.asarray(a, np.float64).ravel()]
 
 
-def plot_posteriors(path: Path, ref: dict, draws: dict):
-    """The paper's figures svBeta, svPhi, svVar: q's density against the NUTS histogram."""
+def _bands(x) -> dict:
+    """Mean and 5%/95% quantiles over the draws (axis 0), rounded."""
+    return dict(
+        mean=_rounded(x.mean(0)),
+        q05=_rounded(np.quantile(x, 0.05, axis=0)),
+        q95=_rounded(np.quantile(x, 0.95, axis=0)),
+    )
+
+
+def figure_record(ref: dict, draws: dict, v, settings: dict) -> dict:
+    """What the figures show of the draws of ``q``, compact (the figures' JSON file).
+
+    Args:
+      ref: the NUTS reference (its thinned draws set the grid of each density).
+      draws: ``equation -> {phi, s2, beta: draws}``, the first accuracy fit of each.
+      v: draws of ``v`` of eq. svapprox's fit, jointly with the first ``len(v)`` draws
+        of its ``beta`` (``draw_posterior`` takes both from its first chunk).
+      settings: the run's settings (``num_draws``, ``num_v_draws``).
+    """
     from scipy.stats import gaussian_kde
 
-    plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    posteriors = {}
+    for k in ("beta", "phi", "s2"):
+        nuts = np.asarray(ref["params"][k]["draws_thinned"])
+        lo, hi = np.quantile(nuts, [0.0005, 0.9995])
+        pad = 0.15 * (hi - lo)
+        grid = np.linspace(lo - pad, hi + pad, 400)
+        posteriors[k] = dict(
+            grid=_rounded(grid),
+            density={name: _rounded(gaussian_kde(d[k])(grid)) for name, d in draws.items()},
+        )
+    beta = draws["svapprox"]["beta"][: v.shape[0], None]
+    return dict(
+        description=(
+            "Data of the figures of benchmarks/stochastic_volatility.py: Gaussian kernel "
+            "density estimates (scipy.stats.gaussian_kde) of phi, s2, beta under each "
+            "equation's first accuracy fit, on a grid over the NUTS draws; mean and "
+            "5%/95% quantiles of the log-volatilities v_t and of the volatility "
+            "beta exp(v_t / 2) under eq. svapprox's first fit."
+        ),
+        fit=dict(
+            key=100,
+            draw_key=200,
+            num_steps=NUM_STEPS,
+            equations=list(draws),
+            num_draws=settings["num_draws"],
+            num_v_draws=int(v.shape[0]),
+        ),
+        posteriors=posteriors,
+        v=_bands(v),
+        volatility=_bands(beta * np.exp(v / 2)),
+    )
+
+
+def read_result(directory=RESULTS) -> dict:
+    """The report ``stochastic_volatility.json`` in ``directory`` (by default the stored
+    one)."""
+    return json.loads((Path(directory) / "stochastic_volatility.json").read_text())
+
+
+def read_figures(directory=RESULTS) -> dict:
+    """The figures' data (:func:`figure_record`) in ``directory``."""
+    return json.loads((Path(directory) / FIGURES).read_text())
+
+
+def read_reference(path=REFERENCE) -> dict:
+    """The NUTS reference (by default ``tests/data/sv_nuts.json``)."""
+    return json.loads(Path(path).read_text())
+
+
+def recompute_figures(directory=RESULTS, quick: bool = False) -> dict:
+    """Rewrite the figures' data alone: the first accuracy fit of each equation and its
+    draws, as the full (or ``quick``) run makes them, without the rest of the benchmark.
+
+    The same fits and draws (same keys and settings) as :func:`main`'s, as long as the
+    first key's fit is not rejected (:func:`accuracy` then goes on to the next key).
+    """
+    settings = dict(QUICK if quick else FULL, accuracy_fits=1)
+    y = jaxvb.data.sv_gbpusd()
+    ref = read_reference()
+    plotted, v_first = {}, None
+    for eq in settings["equations"]:
+        _, plotted[eq], v = accuracy(y, ref, eq, settings)
+        if eq == "svapprox":
+            v_first = v
+    record = figure_record(ref, plotted, v_first, settings)
+    (Path(directory) / FIGURES).write_text(json.dumps(record) + "\n")
+    return record
+
+
+def _figure(**kw):
+    """A plain Figure, not registered with pyplot: nothing here selects or changes a
+    matplotlib backend (a notebook shows the returned figure; a script saves it)."""
+    from matplotlib.figure import Figure
+
+    return Figure(**kw)
+
+
+def _save(fig, path, dpi=120):
+    if path is not None:
+        fig.savefig(path, dpi=dpi)
+    return fig
+
+
+def plot_posteriors(figures: dict, ref: dict, path=None):
+    """The paper's figures svBeta, svPhi, svVar: q's density against the NUTS histogram.
+
+    ``figures`` is the figures' data (:func:`figure_record`, :func:`read_figures`), ``ref``
+    the NUTS reference; saved to ``path`` if one is given, returned either way.
+    """
+    fig = _figure(figsize=(13, 3.8))
+    axes = fig.subplots(1, 3)
     styles = {"svapprox": ("C0", "-"), "sv2": ("C3", "--")}
     for ax, k in zip(axes, ("beta", "phi", "s2"), strict=True):
         nuts = np.asarray(ref["params"][k]["draws_thinned"])
         ax.hist(nuts, bins=40, density=True, color="0.75", label="NUTS (histogram)")
-        lo, hi = np.quantile(nuts, [0.0005, 0.9995])
-        pad = 0.15 * (hi - lo)
-        grid = np.linspace(lo - pad, hi + pad, 400)
-        for name, d in draws.items():
+        post = figures["posteriors"][k]
+        for name, density in post["density"].items():
             color, ls = styles[name]
             ax.plot(
-                grid,
-                gaussian_kde(d[k])(grid),
+                post["grid"],
+                density,
                 color=color,
                 ls=ls,
                 lw=1.8,
@@ -609,18 +718,20 @@ def plot_posteriors(path: Path, ref: dict, draws: dict):
     axes[0].legend(frameon=False, fontsize=8)
     fig.suptitle("Stochastic volatility, GBP/USD (T = 945): approximate vs NUTS posterior")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return _save(fig, path)
 
 
-def plot_volatility(path: Path, y, ref: dict, v):
-    plt = _plt()
+def plot_volatility(figures: dict, ref: dict, path=None, y=None):
+    """The smoothed log-volatilities ``v_t`` of eq. svapprox against NUTS (mean, 5%-95%
+    band, and the differences in NUTS sd units), below the series ``y`` (by default
+    ``jaxvb.data.sv_gbpusd()``). Saved to ``path`` if one is given, returned either way.
+    """
+    y = np.asarray(jaxvb.data.sv_gbpusd() if y is None else y)
     t = np.arange(1, y.shape[0] + 1)
     nuts = {k: np.asarray(ref["v"][k]) for k in ("mean", "sd", "q05", "q95")}
-    mean, q05, q95 = v.mean(0), np.quantile(v, 0.05, axis=0), np.quantile(v, 0.95, axis=0)
-    fig, axes = plt.subplots(
-        3, 1, figsize=(11, 7.5), sharex=True, gridspec_kw=dict(height_ratios=[1, 2, 1])
-    )
+    mean, q05, q95 = (np.asarray(figures["v"][k]) for k in ("mean", "q05", "q95"))
+    fig = _figure(figsize=(11, 7.5))
+    axes = fig.subplots(3, 1, sharex=True, gridspec_kw=dict(height_ratios=[1, 2, 1]))
     axes[0].plot(t, y, color="0.3", lw=0.6)
     axes[0].set_ylabel("return y (%)")
     ax = axes[1]
@@ -644,13 +755,32 @@ def plot_volatility(path: Path, y, ref: dict, v):
     ax.legend(frameon=False, ncol=3, fontsize=8)
     fig.suptitle("Smoothed log-volatility: jaxvb (eq. svapprox) vs NUTS")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return _save(fig, path)
 
 
-def plot_scaling(path: Path, scaling: dict):
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+def plot_volatility_level(figures: dict, path=None, y=None):
+    """The volatility ``beta exp(v_t / 2)`` (the sd of the day's return, in %) under eq.
+    svapprox, mean and 5%-95% band from joint draws of ``beta`` and ``v``, over ``|y_t|``.
+    """
+    y = np.asarray(jaxvb.data.sv_gbpusd() if y is None else y)
+    t = np.arange(1, y.shape[0] + 1)
+    vol = figures["volatility"]
+    fig = _figure(figsize=(11, 3))
+    ax = fig.subplots()
+    ax.plot(t, np.abs(y), color="0.75", lw=0.6, label="|y_t|")
+    ax.fill_between(t, vol["q05"], vol["q95"], color="C0", alpha=0.3, lw=0, label="5-95%")
+    ax.plot(t, vol["mean"], color="C0", lw=1.2, label=r"E $\beta e^{v_t/2}$")
+    ax.set_xlabel("day t")
+    ax.set_ylabel("%")
+    ax.legend(frameon=False, ncol=3)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_scaling(scaling: dict, path=None):
+    """The scaling figure of a report's ``scaling`` section."""
+    fig = _figure(figsize=(11, 4))
+    axes = fig.subplots(1, 2)
     rows = [r for r in scaling["rows"] if "variants" in r]
     for variant, marker in (("no_diagnostics", "o"), ("diagnostics", "s")):
         pts = [(r["T"], r["variants"][variant]) for r in rows if variant in r["variants"]]
@@ -689,8 +819,7 @@ def plot_scaling(path: Path, scaling: dict):
         ax.legend(frameon=False, fontsize=8)
     fig.suptitle("Stochastic volatility: scaling in T (simulated series)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return _save(fig, path)
 
 
 # --- report --------------------------------------------------------------------------------
@@ -794,7 +923,22 @@ def targets(speed, acc, ref, scaling, converged=None) -> dict:
     return out
 
 
-def print_summary(report: dict):
+SECTIONS = ("speed", "accuracy", "scaling", "targets")
+
+
+def print_summary(report: dict, sections=SECTIONS):
+    """Print the report's tables: ``sections`` of speed, accuracy, scaling, targets."""
+    if "speed" in sections:
+        _print_speed(report)
+    if "accuracy" in sections:
+        _print_accuracy(report)
+    if "scaling" in sections and report.get("scaling"):
+        _print_scaling(report)
+    if "targets" in sections:
+        _print_targets(report)
+
+
+def _print_speed(report: dict):
     print("\n== speed (945 points, 250 steps; seconds) ==")
     print(f"{'equation':9s} {'diagnostics':15s} {'first call':>10s} {'after compile':>13s}")
     for eq, rows in report["speed"].items():
@@ -803,6 +947,9 @@ def print_summary(report: dict):
                 f"{eq:9s} {diag:15s} {r['first_call_s']:10.1f} {r['run']['median_s']:13.4f}"
             )
     print(f"NUTS reference (stored): {report['nuts']['wall_s']:.1f} s")
+
+
+def _print_accuracy(report: dict):
     print("\n== accuracy vs NUTS (first fit; spread over fits in brackets) ==")
     print(
         f"{'':9s} {'param':5s} {'mean':>9s} {'NUTS':>9s} {'err/sd':>16s} {'sd ratio':>16s}"
@@ -837,20 +984,25 @@ def print_summary(report: dict):
             for k in PARAMS
         )
         print(f"{eq:9s} settled ({c['num_steps']} steps, {c['num_fits']} fits): {errs}")
-    if report.get("scaling"):
-        print("\n== scaling (simulated; seconds per fit after compile, peak RSS MB) ==")
-        for r in report["scaling"]["rows"]:
-            if "error" in r:
-                print(f"T = {r['T']:>8d}: {r['error']}")
-                continue
-            cells = [
-                f"{v}: {x['run']['median_s']:.4f} s ({x['num_eval_draws']} draws), "
-                f"{x['peak_rss_mb']:.0f} MB"
-                for v, x in r["variants"].items()
-            ]
-            print(f"T = {r['T']:>8d}: " + "; ".join(cells))
-        for v, s in report["scaling"]["log_log_slope"].items():
-            print(f"log-log slope, {v}: {s['all']:.3f}")
+
+
+def _print_scaling(report: dict):
+    print("\n== scaling (simulated; seconds per fit after compile, peak RSS MB) ==")
+    for r in report["scaling"]["rows"]:
+        if "error" in r:
+            print(f"T = {r['T']:>8d}: {r['error']}")
+            continue
+        cells = [
+            f"{v}: {x['run']['median_s']:.4f} s ({x['num_eval_draws']} draws), "
+            f"{x['peak_rss_mb']:.0f} MB"
+            for v, x in r["variants"].items()
+        ]
+        print(f"T = {r['T']:>8d}: " + "; ".join(cells))
+    for v, s in report["scaling"]["log_log_slope"].items():
+        print(f"log-log slope, {v}: {s['all']:.3f}")
+
+
+def _print_targets(report: dict):
     print("\n== targets ==")
     for name, t in report["targets"].items():
         value = t["value"]
@@ -893,8 +1045,7 @@ def main(argv=None):
 
     settings = QUICK if args.quick else FULL
     out = Path(
-        args.out
-        or (tempfile.mkdtemp(prefix="sv_benchmark_") if args.quick else HERE / "results")
+        args.out or (tempfile.mkdtemp(prefix="sv_benchmark_") if args.quick else RESULTS)
     )
     out.mkdir(parents=True, exist_ok=True)
     worker_env = dict(os.environ)
@@ -973,8 +1124,10 @@ def main(argv=None):
     for eq in settings["equations"]:
         converged[eq] = accuracy(y, ref, eq, settings, converged=True)[0]
         del converged[eq]["fits"]  # the spread over fits says it all here
-    plot_posteriors(out / "stochastic_volatility_posteriors.png", ref, plotted)
-    plot_volatility(out / "stochastic_volatility_volatility.png", y, ref, v_first)
+    figures = figure_record(ref, plotted, v_first, settings)
+    (out / FIGURES).write_text(json.dumps(figures) + "\n")
+    plot_posteriors(figures, ref, out / "stochastic_volatility_posteriors.png")
+    plot_volatility(figures, ref, out / "stochastic_volatility_volatility.png", y=y)
 
     scaling = None
     if not args.skip_scaling:
@@ -1015,7 +1168,7 @@ def main(argv=None):
     path = out / "stochastic_volatility.json"
     path.write_text(json.dumps(report, indent=1))
     if scaling:  # after the JSON: a plotting error loses no measurement
-        plot_scaling(out / "stochastic_volatility_scaling.png", scaling)
+        plot_scaling(scaling, out / "stochastic_volatility_scaling.png")
     print_summary(report)
     print(f"\nwrote {path}", flush=True)
     return report
