@@ -243,23 +243,25 @@ class _Check(NamedTuple):
 
     ``q``/``good``: the fit's result (:func:`kernel.finalize` at the last step), whose
     draws the check steps use; ``sums``/``counts``: their statistics summed for the two
-    halves of the check (leading axis 2).
+    halves of the check (leading axis 2); ``x``: the draws, one row per check step.
     """
 
     q: Any
     good: jax.Array
     sums: Any
     counts: jax.Array
+    x: Any
 
 
-def _check_distances(check: _Check, key: jax.Array, method: Method, log_joint, num: int):
+def _check_distances(check: _Check, method: Method, log_joint):
     """``(shift, noise)`` from the check steps' statistics.
 
     At a solution the regression of the paper returns ``q`` itself, so the update from
     draws of a converged ``q`` differs from it by Monte Carlo noise only. ``shift`` is
     KL(q || update) and ``noise`` KL(update_1 || update_2) between the updates of the
     two halves of the draws (about four times the noise of ``shift``), both to second
-    order, ``Var_q[log a - log b] / 2`` on ``num`` draws of ``q``: unlike the natural
+    order, ``Var_q[log a - log b] / 2`` on the check's own draws of ``q`` (a second set
+    of draws would cost another random-number program to compile): unlike the natural
     parameters, ``log_prob`` stays accurate for ill-conditioned Gaussians.
     """
     q, dtype = check.q, check.q.dtype
@@ -270,7 +272,7 @@ def _check_distances(check: _Check, key: jax.Array, method: Method, log_joint, n
         )
         return method.solve(mean, q, log_joint)
 
-    x = q.sample(key, (num,))
+    x = check.x.reshape(-1, *check.x.shape[2:])
 
     def distance(a, b):
         d = jax.vmap(a.log_prob)(x) - jax.vmap(b.log_prob)(x)
@@ -339,7 +341,17 @@ def _fit(
     num_check_steps = 2 * -(-(num_check_draws // 2) // per_step) if num_check_draws else 0
     checking_on = num_check_steps > 0
     zeros2 = jax.tree_util.tree_map(lambda v: jnp.zeros((2, *v.shape), dtype), state0.stats)
-    check0 = _Check(q0, jnp.zeros((), bool), zeros2, jnp.zeros((2,), dtype))
+    # Every step's draw keys, the check's steps included, split before the loop (the
+    # same keys as splitting each step's key inside it; inside, each split is a chain of
+    # small runtime steps, ~5% of the 250-step SV fit on the CPU). A split's first n
+    # keys do not depend on how many follow, so the iteration's keys are those of a fit
+    # without the check; one split, not two: each is a program to compile.
+    keys = jax.vmap(lambda k: jax.random.split(k, num_draws))(
+        jax.random.split(key_fit, num_steps + num_check_steps)
+    )
+    # the check's draws, per step (as the kernel keeps its non-finite draw: q's points)
+    x0 = jnp.zeros((num_check_steps, per_step, *q0.event_shape), dtype)
+    check0 = _Check(q0, jnp.zeros((), bool), zeros2, jnp.zeros((2,), dtype), x0)
 
     def iterate(state, check, draws, t, target):
         state, info = kernel._advance(
@@ -375,7 +387,9 @@ def _fit(
         add = masked_sum(s_hat, use)
         sums = jax.tree_util.tree_map(lambda a, v: a.at[half].add(v), check.sums, add)
         counts = check.counts.at[half].add(jnp.sum(use).astype(dtype))
-        check = check._replace(sums=sums, counts=counts)
+        row = t - num_steps - 1
+        xs = check.x.at[row].set(draws[1].astype(dtype))
+        check = check._replace(sums=sums, counts=counts, x=xs)
         if not trace:
             return state, check, None
         nan = jnp.full((), jnp.nan, dtype)
@@ -401,18 +415,6 @@ def _fit(
             state, check, trace_t = iterate(*args)
         return (state, check), trace_t
 
-    # Every step's draw keys, split before the loop (the same keys as splitting each
-    # step's key inside it): inside, each split is a chain of small runtime steps
-    # (hashing, copies of keys), ~5% of the 250-step SV fit on the CPU.
-    keys = jax.vmap(lambda k: jax.random.split(k, num_draws))(
-        jax.random.split(key_fit, num_steps)
-    )
-    key_check, key_check_x = jax.random.split(jax.random.fold_in(key_eval, 1))
-    if checking_on:
-        check_keys = jax.vmap(lambda k: jax.random.split(k, num_draws))(
-            jax.random.split(key_check, num_check_steps)
-        )
-        keys = jnp.concatenate([keys, check_keys])
     steps = jnp.arange(1, num_steps + num_check_steps + 1, dtype=jnp.int32)
     (state, check), infos = jax.lax.scan(body, (state0, check0), (keys, steps))
     if trace:
@@ -425,8 +427,7 @@ def _fit(
         q, good = kernel.finalize(state, method, log_joint)
     status = state.status | jnp.where(good, 0, int(Status.IMPROPER_RESULT))
     if checking_on:
-        num = num_check_steps * per_step
-        shift, noise = _check_distances(check, key_check_x, method, log_joint, num)
+        shift, noise = _check_distances(check, method, log_joint)
         settled = jnp.isfinite(shift) & (shift <= jnp.maximum(1.0, noise))
         status = status | jnp.where(good & ~settled, int(Status.NOT_CONVERGED), 0)
 
