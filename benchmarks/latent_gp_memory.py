@@ -21,7 +21,8 @@ matrix (forward over reverse through the Cholesky, 102 tangents).
 
 Usage::
 
-    python benchmarks/latent_gp_memory.py        # writes results/latent_gp_memory.json
+    python benchmarks/latent_gp_memory.py          # writes results/latent_gp_memory.json
+    python benchmarks/latent_gp_memory.py --quick  # smoke test (d = 22), temp dir
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import argparse
 import json
 import resource
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,11 +70,18 @@ def model(num_years: int = 100):
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(RESULTS), help="output directory")
+    parser.add_argument("--out", default=None, help="output directory")
     parser.add_argument("--num-steps", type=int, default=1000)
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke test: 20 years, 100 steps, temp dir"
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.num_steps = 100
+        args.out = args.out or tempfile.mkdtemp(prefix="latent_gp_memory_")
+    args.out = args.out or str(RESULTS)
     jax.config.update("jax_enable_x64", True)
-    log_joint, x0 = model()
+    log_joint, x0 = model(20 if args.quick else 100)
 
     def call(seed):
         t0 = time.perf_counter()
@@ -99,7 +108,9 @@ def main(argv=None) -> dict:
     report = dict(
         description=__doc__.splitlines()[0],
         environment=environment(),
-        settings=dict(num_steps=args.num_steps, d=int(x0.size), dtype="float64"),
+        settings=dict(
+            num_steps=args.num_steps, d=int(x0.size), dtype="float64", quick=args.quick
+        ),
         first_call_s=round(first, 2),
         second_call_s=round(second, 2),
         model_ms_per_hessian=round(model_ms, 2),

