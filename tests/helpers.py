@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 
 
 def rel_err(a, b):
@@ -15,3 +16,8 @@ def family_rel_err(q, target):
     leaves_q = jax.tree_util.tree_leaves(q)
     leaves_t = jax.tree_util.tree_leaves(target)
     return max(rel_err(a, b) for a, b in zip(leaves_q, leaves_t, strict=True))
+
+
+def tiered(values, slow=()):
+    """``values`` for ``pytest.mark.parametrize``, those in ``slow`` in the slow tier."""
+    return [pytest.param(v, marks=pytest.mark.slow) if v in slow else v for v in values]

@@ -15,6 +15,9 @@ MODULES = sorted(
 )
 
 
+# The examples run fits and compile them: a slow-tier check. The fast tier keeps
+# test_every_public_function_and_class_has_an_example.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["jaxvb", *MODULES])
 def test_docstring_examples(name):
     module = importlib.import_module(name)
@@ -90,6 +93,7 @@ def test_readme_results_table_is_what_the_results_say():
     )
 
 
+@pytest.mark.slow
 def test_readme_first_fit_runs_and_says_what_it_prints():
     """The README's first example, run as written; its comments state the results."""
     import re

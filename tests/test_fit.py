@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import family_rel_err, rel_err
+from helpers import family_rel_err, rel_err, tiered
 
 import jaxvb
 from jaxvb.models import conjugate
@@ -22,7 +22,7 @@ def exponential_target(x):
     return jnp.log(2.0) - 2.0 * x
 
 
-@pytest.mark.parametrize("intercept", ["normalized", "estimate"])
+@pytest.mark.parametrize("intercept", tiered(["normalized", "estimate"], slow=["estimate"]))
 def test_exponential_toy_exact_in_four_iterations(intercept):
     """Paper, sec. 3.1: q and p of one family -> exact in 2(k + 1) = 4 iterations."""
     method = jaxvb.methods.regression(init="identity", intercept=intercept)
@@ -72,7 +72,9 @@ SAME_FAMILY = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(SAME_FAMILY))
+@pytest.mark.parametrize(
+    "name", tiered(sorted(SAME_FAMILY), slow=["beta", "inverse_gamma"])
+)
 def test_same_family_target_is_recovered_exactly(name):
     target, q0 = SAME_FAMILY[name]
     offset = 3.0  # an unnormalised target: the offset is the log evidence
@@ -114,7 +116,7 @@ CONJUGATE = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CONJUGATE))
+@pytest.mark.parametrize("name", tiered(sorted(CONJUGATE), slow=["beta_binomial"]))
 def test_conjugate_posterior_and_evidence_exact(name):
     model, q0 = CONJUGATE[name]
     res = jaxvb.fit(model.log_joint, q0, KEY, num_steps=100)
@@ -213,6 +215,7 @@ def poisson_log_joint(x, counts):
     return conjugate.gamma_poisson(counts, 2.0, 0.5).log_joint(x)
 
 
+@pytest.mark.slow
 def test_vmap_over_data_and_keys_equals_loop():
     counts = jnp.array(np.random.default_rng(3).poisson(3.0, size=(5, 8)), float)
     keys = jax.random.split(KEY, 5)
@@ -235,6 +238,7 @@ def test_vmap_over_data_and_keys_equals_loop():
         assert family_rel_err(single.q, exact) <= 1e-8
 
 
+@pytest.mark.slow
 def test_vmap_over_start_points():
     """Batched plain start points (Laplace first): the status flags combine per fit.
 
@@ -286,6 +290,7 @@ def test_several_draws_and_antithetic_pairs(antithetic):
     assert res.trace.proper.shape == (10,)
 
 
+@pytest.mark.slow
 def test_weaker_estimators_run_and_are_noisier():
     """Section 3.1: 'different randomness' and 'analytic C' are far noisier."""
     keys = jax.random.split(KEY, 32)
@@ -322,6 +327,7 @@ def test_float32_is_kept():
     np.testing.assert_allclose(res.q.cov, target.cov, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_gaussian_closed_form_moments_equal_the_log_normalizer_derivatives():
     """The Gaussian's Isserlis moments agree with d/deta and d^2/deta^2 of U."""
     from jaxvb.families._base import ExponentialFamily

@@ -15,6 +15,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import tiered
 from scipy import stats
 
 import jaxvb
@@ -203,7 +204,7 @@ def test_hessian_solve_is_one_cholesky_and_vector_solves():
     np.testing.assert_allclose(new.cov, cov, rtol=1e-10)
 
 
-@pytest.mark.parametrize("num_draws", [200, 257])
+@pytest.mark.parametrize("num_draws", tiered([200, 257], slow=[257]))
 def test_chunked_diagnostics_equal_unchunked(num_draws):
     mean, cov = random_gaussian(6, d=3)
     q = jaxvb.Gaussian(mean, cov)

@@ -152,7 +152,16 @@ CASES = {
 
 
 # Their own compilations (~10-30 s of CPU each); the model tests cover them too.
-SLOW = {"beta_binomial_mixture", "stochastic_volatility"}
+# The fast tier keeps one golden per method family of the engine (Algorithms 1 and 2).
+SLOW = {
+    "beta_binomial_mixture",
+    "stochastic_volatility",
+    "eight_schools",
+    "probit_gradient",
+    "gamma_gradient",
+    "probit_sites",
+    "probit_laplace_start",
+}
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import family_rel_err
+from helpers import family_rel_err, tiered
 
 import jaxvb
 from jaxvb.methods.gradient import MEAN_CHOLESKY, Parameterization, gradient
@@ -97,7 +97,13 @@ def test_one_draw_statistics_are_exact_and_unbiased(name):
     assert np.all(np.abs(mean - np.asarray(c_1)) <= tol)
 
 
-@pytest.mark.parametrize("name", ["gaussian", "gaussian_mean_cholesky", "gamma", "beta"])
+@pytest.mark.parametrize(
+    "name",
+    tiered(
+        ["gaussian", "gaussian_mean_cholesky", "gamma", "beta"],
+        slow=["gaussian_mean_cholesky", "gamma", "beta"],
+    ),
+)
 def test_same_family_target_is_recovered_exactly(name):
     target, _, param = SAME_FAMILY[name]
     q0 = {
@@ -233,6 +239,7 @@ def test_quartic_gradient_is_more_efficient_than_algorithm_1():
     assert reg_var.std() >= 1.6 * grad_var.std()
 
 
+@pytest.mark.slow
 def test_vmap_over_keys_keeps_float32():
     target = jaxvb.Gaussian(
         jnp.array([1.0, -2.0], jnp.float32),

@@ -102,6 +102,7 @@ def test_step_control_keeps_the_precision_positive_definite():
     assert int(plain.status) & int(jaxvb.Status.IMPROPER_PROPOSAL)
 
 
+@pytest.mark.slow
 def test_step_control_honours_a_methods_trust_region():
     # A trust region refusing every update that moves the mean by more than 1e-3: every
     # step is halved (up to max_backtracks times) and then taken, still proper.

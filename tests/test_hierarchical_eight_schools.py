@@ -221,6 +221,7 @@ def test_log_joint_matches_structure_and_scipy():
     assert float(total) == pytest.approx(ref, abs=1e-10)
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("eight_schools_fit")
 def test_status_and_gaussian_block_exact(result):
     """The fit is clean, and its ``q(f | tau)`` is ``p(f | tau, y)`` at every ``tau``."""
@@ -236,6 +237,7 @@ def test_status_and_gaussian_block_exact(result):
         assert float(cov.corner[0, 0]) == pytest.approx(v_mu, rel=1e-8)
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("eight_schools_fit")
 def test_gamma_is_the_kl_optimal_one(result, exact):
     """Fitted Gamma vs ``argmin KL(Gamma || p(tau | y))``.
@@ -261,6 +263,7 @@ def test_gamma_is_the_kl_optimal_one(result, exact):
     assert exact.tau_mean == pytest.approx(exact.a / exact.b, abs=0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("eight_schools_fit")
 def test_mu_and_theta_moments(result, exact):
     """``E mu``, ``sd mu``, ``E theta_j`` of the fit vs the optimal Gamma's and exact ones.
@@ -289,6 +292,7 @@ def test_mu_and_theta_moments(result, exact):
         assert abs(x[:, col].mean() - value) <= NSD * sd / math.sqrt(n)
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("eight_schools_fit")
 def test_elbo_and_evidence(result, exact):
     """``elbo = log p(y) - KL(q || p)``, the KL being the 1-D one of ``q(tau)``.

@@ -73,6 +73,7 @@ def by_first_coordinate(q):
 # --- the fit --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_separated_gaussians_are_recovered_by_two_components():
     res = fit_two(start())
     assert int(res.status) == 0
@@ -87,6 +88,7 @@ def test_two_separated_gaussians_are_recovered_by_two_components():
     assert float(res.r_squared) == pytest.approx(1.0, abs=1e-10)
 
 
+@pytest.mark.slow
 def test_relabelled_components_give_the_same_fit():
     """Relabelling the components relabels the statistics and the update, nothing else.
 
@@ -199,6 +201,7 @@ def test_at_the_optimum_the_draws_give_it_back(sampling):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_vmap_over_keys_in_float32():
     """float32 throughout (log-sum-exp keeps the 10-sd-apart bumps finite), vmapped."""
     keys = jax.random.split(KEY, 3)

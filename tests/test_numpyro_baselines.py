@@ -42,6 +42,7 @@ def problem():
     return design, y, np.asarray(mean), np.asarray(cov)
 
 
+@pytest.mark.slow
 def test_model_is_the_jaxvb_log_joint(problem):
     from numpyro.infer.util import log_density
 

@@ -53,7 +53,12 @@ def test_prints_every_k_steps_and_the_last(capsys):
     "log_joint, q0, kwargs",
     [
         (skewed_target, Q0, {"trace": True}),  # Algorithm 2, with the per-step trace
-        (exponential_target, jaxvb.Exponential(1.0), {"num_draws": 2}),
+        pytest.param(
+            exponential_target,
+            jaxvb.Exponential(1.0),
+            {"num_draws": 2},
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["hessian", "regression"],
 )
@@ -78,6 +83,7 @@ def test_off_by_default_and_no_callback_in_the_compiled_loop():
     assert "debug_callback" in program(5)
 
 
+@pytest.mark.slow
 def test_callable_gets_records_under_jit_with_honest_estimates():
     seen = []
     run = jax.jit(
@@ -100,6 +106,7 @@ def test_callable_gets_records_under_jit_with_honest_estimates():
     assert_identical(res, jaxvb.fit(gaussian_target, Q0, KEY, num_steps=200))
 
 
+@pytest.mark.slow
 def test_vmap_reports_once_per_step_with_batch_arrays():
     keys = jax.random.split(KEY, 3)
     seen = []

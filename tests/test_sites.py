@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import tiered
 
 import jaxvb
 from jaxvb.models import probit
@@ -162,7 +163,10 @@ def test_site_hessian_is_algorithm_2_with_an_assembled_hessian(fits):
     )
 
 
-@pytest.mark.parametrize("estimator", ["regression", "gradient", "hessian"])
+@pytest.mark.parametrize(
+    "estimator",
+    tiered(["regression", "gradient", "hessian"], slow=["regression", "gradient"]),
+)
 def test_gaussian_sites_are_exact(estimator):
     """Gaussian likelihood sites: each site regression is exact, so the fit is too."""
     rng = np.random.default_rng(0)
@@ -193,6 +197,7 @@ def test_gaussian_sites_are_exact(estimator):
     assert abs(float(res.log_evidence - exact)) < 1e-6
 
 
+@pytest.mark.slow
 def test_method_sites_by_name_and_vmap_over_data_sets_equals_the_loop():
     beta, design, y = probit.simulate(jax.random.key(2), num_datasets=3)
     prior = jaxvb.Gaussian(jnp.zeros(5), jnp.eye(5))
@@ -211,6 +216,7 @@ def test_method_sites_by_name_and_vmap_over_data_sets_equals_the_loop():
         np.testing.assert_allclose(batched.r_squared[i], res.r_squared, rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_minibatch_vmap_equals_the_loop():
     _, design, y = probit.simulate(jax.random.key(4), num_datasets=2)
     prior = jaxvb.Gaussian(jnp.zeros(5), jnp.eye(5))
@@ -295,6 +301,7 @@ def test_bad_factor_and_minibatch_input():
         jaxvb.Minibatch(prior.log_prob, lik, (design, jnp.zeros(3)), batch_size=2)
 
 
+@pytest.mark.slow
 def test_a_site_with_a_non_finite_log_likelihood_is_flagged():
     """A site that is NaN where a Gaussian puts mass: the draw is left out and flagged.
 

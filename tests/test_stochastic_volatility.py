@@ -106,6 +106,7 @@ def _theta(phi, s2):
     return jnp.array([(phi + 1) / 2, s2])
 
 
+@pytest.mark.slow
 def test_rao_blackwellised_expectations_equal_monte_carlo():
     """E log p(y|f), E grad and E(-hess) under q(f | theta): analytic vs 100k draws.
 
@@ -144,6 +145,7 @@ def test_rao_blackwellised_expectations_equal_monte_carlo():
         assert float(jnp.max(z)) < 5.0, name
 
 
+@pytest.mark.slow
 def test_selected_moments_and_log_prob_match_dense():
     y = jnp.asarray(sv.simulate(jax.random.key(5), 6, 0.9, 0.1, 0.8))
     q = sv.initial_q(y)
@@ -270,6 +272,7 @@ def test_long_series_is_linear_in_T():
     assert np.isfinite(float(res.result.q.gaussian.shift[-1]))
 
 
+@pytest.mark.slow
 def test_direct_gradient_equals_autodiff_through_the_factorisation():
     """Eq. svapprox's dH/dtheta from the selected inverse == jax.grad through the scans."""
     # The module, not the function of the same name that jaxvb.composite exports.
@@ -291,6 +294,7 @@ def test_direct_gradient_equals_autodiff_through_the_factorisation():
         np.testing.assert_allclose(got, jax.grad(log_marginal)(theta), rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_draw_jacobians_equal_jacfwd_through_the_sampler():
     """One linearised pass gives the same ``d theta / d eta_i`` as ``jacfwd`` of the draws.
 
