@@ -29,6 +29,7 @@ from jaxvb.families import (
     GaussianMixture,
     InverseGamma,
 )
+from jaxvb.latent import LatentGaussian
 from jaxvb.methods.mixture import init_mixture
 from jaxvb.structure import Factors, Minibatch
 
@@ -47,6 +48,7 @@ __all__ = [
     "GaussianMixture",
     "InverseGamma",
     "LaplaceInfo",
+    "LatentGaussian",
     "Minibatch",
     "Progress",
     "ProgressInfo",

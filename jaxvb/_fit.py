@@ -109,7 +109,9 @@ def fit(
         random minibatch of the data at every step, section 5.5) is also a log joint.
       q0: the starting approximation; fixes the family of the result. A plain point
         ``x0`` (an array of shape ``(d,)``) starts from the Laplace approximation there
-        (:func:`jaxvb.laplace`) and fits a Gaussian.
+        (:func:`jaxvb.laplace`) and fits a Gaussian; a log joint with a ``start(x0)``
+        method (a :class:`jaxvb.LatentGaussian`, ``x0`` its hyperparameters) builds its
+        own start and family.
       key: a JAX random key, the only source of randomness.
       num_steps: ``N``, the number of iterations.
       method: ``"hessian"`` (Algorithm 2; the default for a Gaussian), ``"regression"``
@@ -169,9 +171,14 @@ def fit(
                 f"q0 must be a jaxvb family or a starting point of shape (d,), got an "
                 f"array of shape {x0.shape}"
             )
-        _check_log_joint(log_joint, jax.ShapeDtypeStruct(x0.shape, x0.dtype))
-        q0, info = laplace(log_joint, x0, return_info=True)
-        laplace_failed = ~(info.converged & info.negative_definite)
+        start = getattr(log_joint, "start", None)
+        if callable(start):  # a structured model builds its own start
+            log_joint, q0, ok = start(x0)
+            laplace_failed = ~ok
+        else:
+            _check_log_joint(log_joint, jax.ShapeDtypeStruct(x0.shape, x0.dtype))
+            q0, info = laplace(log_joint, x0, return_info=True)
+            laplace_failed = ~(info.converged & info.negative_definite)
     if not isinstance(q0, Family):
         raise TypeError(
             f"q0 must be a jaxvb family such as jaxvb.Gaussian(mean, cov), or a starting "

@@ -142,6 +142,21 @@ class Result(NamedTuple):
         """A readable account of the status flags (of a single, concrete result)."""
         return explain(self)
 
+    def sample(self, key: jax.Array, n: int):
+        """``n`` draws of the fitted ``q``: an ``(n, d)`` array, or the family's own
+        split of them (``(theta, f)`` for a :class:`jaxvb.LatentGaussian` fit).
+
+        Example:
+          >>> import jax, jax.numpy as jnp, jaxvb
+          >>> res = jaxvb.fit(lambda x: -0.5 * jnp.sum(x**2), jnp.ones(2),
+          ...                 jax.random.key(0), num_steps=20)
+          >>> res.sample(jax.random.key(1), 5).shape
+          (5, 2)
+        """
+        draws = self.q.sample(key, (n,))
+        unpack = getattr(self.q, "unpack", None)
+        return unpack(draws) if callable(unpack) else draws
+
 
 class FitError(RuntimeError):
     """A fit whose result cannot be trusted; the flagged result is in ``.result``.

@@ -37,6 +37,7 @@ from jaxvb.linalg.arrowhead import (
     to_dense_arrowhead,
 )
 from jaxvb.linalg.banded import (
+    Banded,
     cholesky_banded,
     from_dense,
     is_pd_banded,
@@ -52,6 +53,7 @@ from jaxvb.linalg.banded import (
 __all__ = [
     "Arrowhead",
     "ArrowheadCholesky",
+    "Banded",
     "cholesky_arrowhead",
     "cholesky_banded",
     "cholesky_forward_arrowhead",

@@ -30,6 +30,8 @@ boolean for callers to flag.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -41,6 +43,7 @@ Array = jax.Array
 _UNROLL_MAX = 8  # widest band whose window solve is unrolled
 
 __all__ = [
+    "Banded",
     "cholesky_banded",
     "from_dense",
     "is_pd_banded",
@@ -52,6 +55,36 @@ __all__ = [
     "solve_triangular_banded",
     "to_dense",
 ]
+
+
+class Banded(NamedTuple):
+    """A symmetric banded matrix held in lower band form: a marker for APIs that take
+    a dense array or a banded one (:class:`jaxvb.LatentGaussian`'s prior precision).
+
+    Attributes:
+      ab: shape ``(w + 1, T)``, ``ab[r, j] = A[j + r, j]`` (see the module docstring).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.linalg import Banded, to_dense
+      >>> q = Banded(jnp.array([[2.0, 2.0, 2.0], [-1.0, -1.0, 0.0]]))   # tridiagonal
+      >>> q.size, q.bandwidth
+      (3, 1)
+      >>> to_dense(q.ab).tolist()
+      [[2.0, -1.0, 0.0], [-1.0, 2.0, -1.0], [0.0, -1.0, 2.0]]
+    """
+
+    ab: Array
+
+    @property
+    def size(self) -> int:
+        """``T``, the number of rows."""
+        return self.ab.shape[-1]
+
+    @property
+    def bandwidth(self) -> int:
+        """``w``, the number of subdiagonals."""
+        return self.ab.shape[-2] - 1
 
 
 # --------------------------------------------------------------------------- helpers

@@ -52,7 +52,7 @@ def names() -> list[str]:
     Example:
       >>> import jaxvb
       >>> jaxvb.methods.names()
-      ['gradient', 'hessian', 'mixture', 'regression', 'sites']
+      ['gradient', 'hessian', 'latent_gaussian', 'mixture', 'regression', 'sites']
     """
     return sorted(_FACTORIES)
 

@@ -1,0 +1,623 @@
+r"""Latent Gaussian models: the paper's hierarchical approximation as a general tool.
+
+A model with a few hyperparameters ``theta`` (``k`` of them, unconstrained) and a long
+latent Gaussian field ``f`` (``T`` values), each observation seeing one value of it:
+
+    log p(theta, f, y) = log p(theta) + log N(f | m(theta), Q(theta)^{-1})
+                         + sum_t log p(y_t | f_t).
+
+Stochastic volatility and other state-space models, Gaussian-process regression and
+classification, log-Gaussian Cox processes, random effects. The posterior is a funnel in
+``(theta, f)`` that no single Gaussian fits; the paper's construction (section 6.1) does:
+
+    q(theta, f) = q(theta) q(f | theta),
+    q(f | theta) ∝ p(f | theta) prod_t exp(b_t f_t - a_t f_t^2 / 2),
+
+with ``q(theta)`` a Gaussian over the unconstrained hyperparameters and Gaussian *sites*
+``(a_t, b_t)`` shared by every ``theta``: ``q(f | theta)`` is the Gaussian with precision
+``P(theta) = Q(theta) + diag(a)`` and mean ``P^{-1} (Q m + b)``, the exact prior times
+the sites. With the prior's precision banded (``jaxvb.linalg.Banded``, ``w``
+subdiagonals) everything costs ``O(T w^2)`` per step; a dense one ``O(T^3)``.
+
+**The iteration** (Algorithm 2 for both blocks, Rao-Blackwellised over ``f``). Each step
+draws ``theta ~ q(theta)`` and, given the current sites, computes exactly (the
+one-dimensional site expectations by Gauss-Hermite quadrature, no Monte Carlo):
+
+* the hyperparameters' target, the ELBO with ``f`` integrated out,
+
+      L(theta) = log p(theta) + log Z(theta) + sum_t E_{q(f_t|theta)}[log p(y_t|f_t)
+                 - b_t f_t + a_t f_t^2 / 2],
+      Z(theta) = ∫ N(f | m, Q^{-1}) exp(b'f - f' diag(a) f / 2) df   (closed form),
+
+  so that ``ELBO = E_q(theta)[L(theta)] + H[q(theta)]``; its gradient and Hessian
+  (autodiff through the banded factorisation) are Algorithm 2's statistics for
+  ``q(theta)``;
+* the sites' statistics: ``E[d/df_t log p(y_t|f_t)]``, ``E[-d^2/df_t^2 ...]`` and
+  ``E[f_t]`` under ``q(f_t | theta)``, from which ``a = -E hess`` and ``b = E grad + a
+  E f`` (Algorithm 2 for the factor structure of section 5.1, averaged over ``theta``).
+
+Both are averaged by ``jaxvb.fit``'s loop with the fixed step ``w = 1/sqrt(N)`` and the
+second-half average, with its step control (an update whose ``q`` is not proper is
+halved) and convergence check. The start (:meth:`LatentGaussian.start`) is a Laplace
+approximation: Newton's method for ``f`` at ``theta0`` gives the sites, then
+:func:`jaxvb.laplace`'s search on ``L`` gives ``q(theta)``, twice.
+
+Example:
+  A Gaussian field with Poisson counts, ``theta = log`` of the prior's precision
+  scale:
+
+  >>> import jax, jax.numpy as jnp, jaxvb
+  >>> from jaxvb.linalg import Banded
+  >>> y = jnp.array([0.0, 2.0, 1.0, 4.0, 3.0, 5.0])
+  >>> T = y.shape[0]
+  >>> rw = jnp.stack([jnp.full(T, 2.0).at[0].set(1.0).at[-1].set(1.0) + 0.1,
+  ...                 jnp.full(T, -1.0).at[-1].set(0.0)])     # random walk + ridge
+  >>> model = jaxvb.LatentGaussian(
+  ...     log_prior=lambda th: -0.5 * jnp.sum(th**2),
+  ...     prior=lambda th: (jnp.zeros(T), Banded(jnp.exp(th[0]) * rw)),
+  ...     log_lik=lambda f, y: y * f - jnp.exp(f),
+  ...     data=y)
+  >>> res = jaxvb.fit(model, jnp.zeros(1), jax.random.key(0), num_steps=200)
+  >>> theta, f = res.sample(jax.random.key(1), 500)
+  >>> theta.shape, f.shape, res.q.theta.mean.shape
+  ((500, 1), (500, 6), (1,))
+  >>> bool(res.ok), round(float(res.r_squared), 1)
+  (True, 1.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.linalg import cho_solve, solve_triangular
+
+from jaxvb import linalg
+from jaxvb._algebra import precision_factor, solve_precision
+from jaxvb._laplace import _laplace, default_tol
+from jaxvb.families._base import Array, Family, build, register_dataclass, register_family
+from jaxvb.families.gaussian import Gaussian
+from jaxvb.methods._base import Method
+from jaxvb.methods._registry import register
+
+__all__ = ["LatentGaussian", "LatentGaussianApproximation", "latent_gaussian"]
+
+_STATIC = {"static": True}
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+# ----------------------------------------------------------------- precision algebra
+
+
+class _Dense:
+    """``(T, T)`` precisions: ``O(T^3)`` Cholesky, solves and marginal variances."""
+
+    @staticmethod
+    def add_diag(q, a):
+        return q + jnp.diag(a)
+
+    @staticmethod
+    def chol(p):
+        return jnp.linalg.cholesky(p)
+
+    @staticmethod
+    def is_pd(c):
+        return jnp.all(jnp.isfinite(c)) & jnp.all(jnp.diagonal(c) > 0)
+
+    @staticmethod
+    def logdet(c):
+        return 2.0 * jnp.sum(jnp.log(jnp.diagonal(c)))
+
+    @staticmethod
+    def solve(c, b):
+        return cho_solve((c, True), b)
+
+    @staticmethod
+    def marginal_var(c):
+        # diag(P^{-1}) = column sums of (L^{-1})^2: one triangular solve, no P^{-1}.
+        inv = solve_triangular(c, jnp.eye(c.shape[0], dtype=c.dtype), lower=True)
+        return jnp.sum(inv * inv, axis=0)
+
+    @staticmethod
+    def back(c, z):
+        return solve_triangular(c, z, lower=True, trans="T")
+
+    @staticmethod
+    def matvec(q, x):
+        return q @ x
+
+
+class _BandedOps:
+    """:class:`jaxvb.linalg.Banded` precisions: ``O(T w^2)`` through ``jaxvb.linalg``."""
+
+    @staticmethod
+    def add_diag(q, a):
+        return linalg.Banded(q.ab.at[0].add(a))
+
+    @staticmethod
+    def chol(p):
+        return linalg.cholesky_banded(p.ab)
+
+    is_pd = staticmethod(linalg.is_pd_banded)
+    logdet = staticmethod(linalg.logdet_banded)
+    solve = staticmethod(linalg.solve_banded)
+
+    @staticmethod
+    def marginal_var(c):
+        return linalg.selected_inverse_banded(c)[0]
+
+    @staticmethod
+    def back(c, z):
+        return linalg.solve_triangular_banded(c, z, transpose=True)
+
+    @staticmethod
+    def matvec(q, x):
+        return linalg.matvec_banded(q.ab, x)
+
+
+def _ops(precision):
+    return _BandedOps if isinstance(precision, linalg.Banded) else _Dense
+
+
+def _gauss_hermite(n: int, dtype):
+    """Nodes and weights of ``E_{N(0,1)}[g(z)] ≈ sum_j w_j g(x_j)`` (exact for
+    polynomials of degree ``< 2n``)."""
+    x, w = np.polynomial.hermite_e.hermegauss(n)
+    return jnp.asarray(x, dtype), jnp.asarray(w / w.sum(), dtype)
+
+
+# ----------------------------------------------------------------------- the model
+
+
+@register_dataclass
+class LatentGaussian:
+    """A latent Gaussian model, ``jaxvb.fit(model, theta0, key, num_steps=...)``.
+
+    ``log p(theta, f, y) = log_prior(theta) + log N(f | mean(theta), precision(theta)^{-1})
+    + sum(log_lik(f, data))``.
+
+    Attributes:
+      log_prior: ``theta (k,) -> log p(theta)``, over unconstrained hyperparameters
+        (the Jacobians of their transforms included).
+      prior: ``theta -> (mean (T,), precision)``, the Gaussian prior ``p(f | theta)``:
+        ``precision`` a dense positive-definite ``(T, T)`` array or a
+        :class:`jaxvb.linalg.Banded` (lower band form ``(w + 1, T)``, ``O(T w^2)``).
+      log_lik: ``(f (T,), data) -> (T,)``, ``log p(y_t | f_t)`` for every ``t``; site
+        ``t`` must depend on ``f[t]`` only (its derivatives are read off the
+        diagonal). Need not be log-concave.
+      data: any pytree of arrays, passed to ``log_lik`` (traced: a new data set of the
+        same shapes reuses the compiled fit).
+      num_quadrature: Gauss-Hermite nodes for the site expectations.
+      num_hyper: ``k``; set by :meth:`start` (``jaxvb.fit`` calls it), ``None`` before.
+
+    Called on a flat ``x = (theta, f)`` of shape ``(k + T,)`` (once ``num_hyper`` is
+    set), the model is the log joint density: what ``jaxvb.fit``'s diagnostics evaluate.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxvb
+      >>> model = jaxvb.LatentGaussian(
+      ...     log_prior=lambda th: -0.5 * jnp.sum(th**2),
+      ...     prior=lambda th: (jnp.zeros(3), jnp.exp(th[0]) * jnp.eye(3)),
+      ...     log_lik=lambda f, y: -0.5 * (y - f) ** 2,
+      ...     data=jnp.array([0.5, -1.0, 2.0]))
+      >>> bound, q0, ok = model.start(jnp.zeros(1))
+      >>> bound.num_hyper, q0.event_shape, bool(ok)
+      (1, (4,), True)
+    """
+
+    log_prior: Callable = dataclasses.field(metadata=_STATIC)
+    prior: Callable = dataclasses.field(metadata=_STATIC)
+    log_lik: Callable = dataclasses.field(metadata=_STATIC)
+    data: Any = None
+    num_quadrature: int = dataclasses.field(default=20, metadata=_STATIC)
+    num_hyper: int | None = dataclasses.field(default=None, metadata=_STATIC)
+
+    def __post_init__(self):
+        for name in ("log_prior", "prior", "log_lik"):
+            if not callable(getattr(self, name)):
+                raise TypeError(
+                    f"LatentGaussian: {name} must be a function, got "
+                    f"{type(getattr(self, name)).__name__}"
+                )
+        if not isinstance(self.num_quadrature, int) or self.num_quadrature < 1:
+            raise ValueError(
+                f"LatentGaussian: num_quadrature must be a positive integer, got "
+                f"{self.num_quadrature!r}"
+            )
+
+    # -- the pieces ------------------------------------------------------------------
+
+    def site_log_lik(self, f: Array) -> Array:
+        """``(T,)`` site log-likelihoods at ``f``."""
+        return jnp.asarray(self.log_lik(f, self.data)).astype(f.dtype)
+
+    def site_expectations(self, mean: Array, var: Array):
+        """``E log p(y_t | f_t)``, ``E d/df_t`` and ``E d^2/df_t^2`` of it under
+        ``f_t ~ N(mean_t, var_t)``, by Gauss-Hermite quadrature; each ``(T,)``."""
+        x, w = _gauss_hermite(self.num_quadrature, mean.dtype)
+        points = mean + jnp.sqrt(var) * x[:, None]  # (J, T)
+        total = lambda f: jnp.sum(self.site_log_lik(f))  # noqa: E731
+        ones = jnp.ones_like(mean)
+
+        def at(f):
+            # site t sees f_t only: the gradient is per site, and the Hessian diagonal
+            # is its derivative along the ones vector
+            grad_fn = jax.grad(total)
+            d1, d2 = jax.jvp(grad_fn, (f,), (ones,))
+            return self.site_log_lik(f), d1, d2
+
+        ell, d1, d2 = jax.vmap(at)(points)
+        return w @ ell, w @ d1, w @ d2
+
+    def _split(self, x):
+        return x[..., : self.num_hyper], x[..., self.num_hyper :]
+
+    def __call__(self, x: Array) -> Array:
+        if self.num_hyper is None:
+            raise ValueError(
+                "LatentGaussian: the number of hyperparameters is not known yet; fit the "
+                "model from a start point, jaxvb.fit(model, theta0, key, ...), or call "
+                "model.start(theta0) first"
+            )
+        theta, f = self._split(x)
+        mean, precision = self.prior(theta)
+        ops = _ops(precision)
+        c = ops.chol(precision)
+        d = f - mean
+        log_prior_f = 0.5 * (ops.logdet(c) - d.shape[0] * _LOG_2PI) - 0.5 * jnp.dot(
+            d, ops.matvec(precision, d)
+        )
+        return (
+            jnp.asarray(self.log_prior(theta)).astype(x.dtype)
+            + log_prior_f
+            + jnp.sum(self.site_log_lik(f))
+        )
+
+    # -- the start -------------------------------------------------------------------
+
+    def check(self, theta0: Array) -> int:
+        """``T``, or a clear error about the shapes ``prior`` and ``log_lik`` give."""
+        theta = jax.ShapeDtypeStruct(theta0.shape, theta0.dtype)
+        out = jax.eval_shape(self.prior, theta)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise TypeError(
+                "LatentGaussian: prior(theta) must return (mean, precision), got "
+                f"{type(out).__name__}"
+            )
+        mean, precision = out
+        if len(mean.shape) != 1:
+            raise ValueError(
+                f"LatentGaussian: prior(theta)'s mean must have shape (T,), got {mean.shape}"
+            )
+        t = mean.shape[0]
+        if isinstance(precision, linalg.Banded):
+            if len(precision.ab.shape) != 2 or precision.ab.shape[1] != t:
+                raise ValueError(
+                    "LatentGaussian: prior(theta)'s Banded precision must hold ab of shape "
+                    f"(w + 1, T) = (w + 1, {t}), got {precision.ab.shape}"
+                )
+        elif tuple(precision.shape) != (t, t):
+            raise ValueError(
+                "LatentGaussian: prior(theta)'s precision must be a (T, T) array or a "
+                f"jaxvb.linalg.Banded, with T = {t} from the mean; got shape "
+                f"{precision.shape}"
+            )
+        f = jax.ShapeDtypeStruct((t,), theta0.dtype)
+        sites = jax.eval_shape(self.log_lik, f, self.data)
+        if getattr(sites, "shape", None) != (t,):
+            raise ValueError(
+                "LatentGaussian: log_lik(f, data) must return the (T,) site "
+                f"log-likelihoods log p(y_t | f_t), T = {t}; got shape "
+                f"{getattr(sites, 'shape', type(sites).__name__)}. Do not sum them."
+            )
+        lp = jax.eval_shape(self.log_prior, theta)
+        if getattr(lp, "shape", None) != ():
+            raise ValueError(
+                "LatentGaussian: log_prior(theta) must return a scalar, got shape "
+                f"{getattr(lp, 'shape', type(lp).__name__)}"
+            )
+        return t
+
+    def start(self, theta0: Array):
+        """``(model, q0, ok)``: the model with ``num_hyper`` set, the Laplace start and
+        whether it succeeded (``jaxvb.fit`` calls this for a start point).
+
+        The sites come from Newton's method for ``f`` at ``theta`` (the mode of
+        ``p(f | theta, y)``, with ``a_t = -d^2 log p(y_t|f_t)`` floored at 0 for sites
+        that are not log-concave there), ``q(theta)`` from :func:`jaxvb.laplace` on the
+        hyperparameters' target ``L``; twice, the second time at the first's mode.
+        """
+        theta0 = jnp.asarray(theta0)
+        if theta0.ndim != 1:
+            raise ValueError(
+                f"LatentGaussian: theta0 must have shape (k,), got {theta0.shape}"
+            )
+        if not jnp.issubdtype(theta0.dtype, jnp.floating):
+            theta0 = theta0.astype(jnp.result_type(float))
+        self.check(theta0)
+        model = dataclasses.replace(self, num_hyper=int(theta0.shape[0]))
+        ok = jnp.ones((), bool)
+        theta_q = None
+        theta = theta0
+        for _ in range(2):
+            a, b = _newton_sites(model, theta)
+            target = jax.tree_util.Partial(_target_value, model, a, b)
+            # the search itself (jaxvb.laplace raises where it fails; here a failure
+            # is the fit's LAPLACE_FAILED flag)
+            theta_q, info = _laplace(target, theta, default_tol(theta.dtype), max_iter=200)
+            theta = theta_q.mean
+        ok = ok & info.converged & info.negative_definite
+        a, b = _newton_sites(model, theta)
+        q0 = build(
+            LatentGaussianApproximation,
+            theta=theta_q,
+            site_precision=a,
+            site_shift=b,
+            model=model,
+        )
+        return model, q0, ok & q0.is_proper
+
+
+def _conditional(model: LatentGaussian, a, b, theta):
+    """``q(f | theta)``: ``(mean, var, chol, ops, prior mean, precision, c)``."""
+    m, precision = model.prior(theta)
+    m = jnp.asarray(m).astype(theta.dtype)
+    ops = _ops(precision)
+    chol = ops.chol(ops.add_diag(precision, a))
+    c = ops.matvec(precision, m) + b
+    mu = ops.solve(chol, c)
+    return mu, chol, ops, m, precision, c
+
+
+def _target(model: LatentGaussian, a, b, theta):
+    """``L(theta)`` (the ELBO with ``f`` integrated out, given the sites) and, as aux,
+    the sites' statistics at ``theta``: ``(E grad, E hess, E f, chol, mean)``."""
+    mu, chol, ops, m, precision, c = _conditional(model, a, b, theta)
+    var = ops.marginal_var(chol)
+    log_z = (
+        0.5 * ops.logdet(ops.chol(precision))
+        - 0.5 * ops.logdet(chol)
+        + 0.5 * jnp.dot(c, mu)
+        - 0.5 * jnp.dot(m, ops.matvec(precision, m))
+    )
+    ell, _, _ = model.site_expectations(mu, var)
+    site_terms = jnp.sum(ell - b * mu + 0.5 * a * (mu * mu + var))
+    value = jnp.asarray(model.log_prior(theta)).astype(theta.dtype) + log_z + site_terms
+    # The sites' statistics need no derivative in theta: held constant, so the
+    # derivative passes skip them.
+    mu0, var0 = jax.lax.stop_gradient(mu), jax.lax.stop_gradient(var)
+    _, d1, d2 = model.site_expectations(mu0, var0)
+    return value, (d1, d2, mu0, jax.lax.stop_gradient(chol))
+
+
+def _target_value(model, a, b, theta):
+    return _target(model, a, b, theta)[0]
+
+
+def _newton_sites(model: LatentGaussian, theta, num_iter: int = 30):
+    """Sites ``(a, b)`` at the mode of ``p(f | theta, y)``, by Newton's method (a fixed
+    number of iterations: every loop of the compiled program has a bound)."""
+    m, precision = model.prior(theta)
+    m = jnp.asarray(m).astype(theta.dtype)
+    ops = _ops(precision)
+    qm = ops.matvec(precision, m)
+    total = lambda f: jnp.sum(model.site_log_lik(f))  # noqa: E731
+
+    def sites(f):
+        d1, d2 = jax.jvp(jax.grad(total), (f,), (jnp.ones_like(f),))
+        a = jnp.maximum(-d2, 0.0)
+        return a, d1 + a * f
+
+    def body(_, f):
+        a, b = sites(f)
+        new = ops.solve(ops.chol(ops.add_diag(precision, a)), qm + b)
+        return jnp.where(jnp.all(jnp.isfinite(new)), new, f)
+
+    f = jax.lax.fori_loop(0, num_iter, body, m)
+    return sites(f)
+
+
+# -------------------------------------------------------------------- the family
+
+
+@register_family
+class LatentGaussianApproximation(Family):
+    """``q(theta) q(f | theta)``: a Gaussian over the hyperparameters and, given them,
+    the prior of ``f`` times Gaussian sites.
+
+    Draws are flat, ``x = (theta, f)`` of shape ``(k + T,)``; :meth:`unpack` splits
+    them (``Result.sample`` returns ``(theta, f)``).
+
+    Attributes:
+      theta: ``q(theta)``, a :class:`jaxvb.Gaussian` over ``k`` hyperparameters.
+      site_precision: ``a``, shape ``(T,)``.
+      site_shift: ``b``, shape ``(T,)``.
+      model: the :class:`LatentGaussian` (its ``prior`` defines ``q(f | theta)``).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> model = jaxvb.LatentGaussian(
+      ...     log_prior=lambda th: -0.5 * jnp.sum(th**2),
+      ...     prior=lambda th: (jnp.zeros(2), jnp.exp(th[0]) * jnp.eye(2)),
+      ...     log_lik=lambda f, y: -0.5 * (y - f) ** 2, data=jnp.array([1.0, -1.0]))
+      >>> _, q, _ = model.start(jnp.zeros(1))
+      >>> theta, f = q.unpack(q.sample(jax.random.key(0), (3,)))
+      >>> theta.shape, f.shape, q.site_precision.tolist()
+      ((3, 1), (3, 2), [1.0, 1.0])
+    """
+
+    theta: Gaussian
+    site_precision: Array
+    site_shift: Array
+    model: LatentGaussian
+
+    @property
+    def dtype(self):
+        return self.theta.mean.dtype
+
+    @property
+    def num_hyper(self) -> int:
+        return self.theta.mean.shape[-1]
+
+    @property
+    def num_latent(self) -> int:
+        return self.site_precision.shape[-1]
+
+    @property
+    def event_shape(self) -> tuple[int, ...]:
+        return (self.num_hyper + self.num_latent,)
+
+    def conditional(self, theta: Array):
+        """``q(f | theta)`` as ``(mean, chol, ops)``: its mean and the Cholesky factor
+        of its precision ``Q(theta) + diag(a)`` (dense or banded, per ``ops``)."""
+        mu, chol, ops, *_ = _conditional(
+            self.model, self.site_precision, self.site_shift, theta
+        )
+        return mu, chol, ops
+
+    @property
+    def is_proper(self) -> Array:
+        _, chol, ops = self.conditional(self.theta.mean)
+        finite = jnp.all(jnp.isfinite(self.site_precision)) & jnp.all(
+            jnp.isfinite(self.site_shift)
+        )
+        return self.theta.is_proper & ops.is_pd(chol) & finite
+
+    def noise(self, key: Array):
+        k1, k2 = jax.random.split(key)
+        return (
+            jax.random.normal(k1, (self.num_hyper,), self.dtype),
+            jax.random.normal(k2, (self.num_latent,), self.dtype),
+        )
+
+    def from_noise(self, noise) -> Array:
+        z_theta, z_f = noise
+        theta = self.theta.from_noise(z_theta)
+        mu, chol, ops = self.conditional(theta)
+        return jnp.concatenate([theta, mu + ops.back(chol, z_f)])
+
+    def antithetic(self, noise):
+        return jax.tree_util.tree_map(jnp.negative, noise)
+
+    def log_prob(self, x: Array) -> Array:
+        theta, f = self.unpack(x)
+        m, precision = self.model.prior(theta)
+        ops = _ops(precision)
+        p = ops.add_diag(precision, self.site_precision)
+        chol = ops.chol(p)
+        mu = ops.solve(
+            chol, ops.matvec(precision, jnp.asarray(m, x.dtype)) + self.site_shift
+        )
+        d = f - mu
+        log_q_f = 0.5 * (ops.logdet(chol) - d.shape[0] * _LOG_2PI) - 0.5 * jnp.dot(
+            d, ops.matvec(p, d)
+        )
+        return self.theta.log_prob(theta) + log_q_f
+
+    def unpack(self, x: Array) -> tuple[Array, Array]:
+        """``(theta, f)`` from flat draws ``(..., k + T)``."""
+        k = self.num_hyper
+        return x[..., :k], x[..., k:]
+
+    def __repr__(self) -> str:
+        return (
+            f"LatentGaussianApproximation(theta=N(mean={np.asarray(self.theta.mean)!r}), "
+            f"T={self.num_latent})"
+        )
+
+
+# -------------------------------------------------------------------- the method
+
+
+def latent_gaussian() -> Method:
+    """Algorithm 2 for ``q(theta)`` and the Gaussian sites of ``q(f | theta)``.
+
+    The default method of :class:`LatentGaussianApproximation`. Statistics: for
+    ``q(theta)`` those of :func:`jaxvb.methods.hessian` on the target
+    ``L(theta)`` (precision ``P = -E hess L``, ``g = E grad L``, ``z = E theta``); for the
+    sites ``A = -E hess log p(y_t|f_t)``, ``G = E grad``, ``Z = E f_t`` (expectations
+    over ``q(f_t | theta)`` by quadrature, averaged over the draws of ``theta``). Solve:
+    ``q(theta) = N(z + P^{-1} g, P^{-1})``, ``a = A``, ``b = G + A Z``. The log density
+    a draw reports is ``L(theta)``.
+
+    Example:
+      >>> import jaxvb
+      >>> jaxvb.methods.resolve("latent_gaussian", None).name
+      'latent_gaussian'
+    """
+
+    def init(key, q0, log_joint):
+        del key, log_joint
+        theta = q0.theta
+        mu, _, _ = q0.conditional(theta.mean)
+        a = q0.site_precision
+        return dict(
+            P=theta.precision,
+            g=jnp.zeros_like(theta.mean),
+            z=theta.mean,
+            A=a,
+            G=q0.site_shift - a * mu,
+            Z=mu,
+        )
+
+    def noise(key, q):
+        return q.noise(key)
+
+    def estimate(noise, q, log_joint):
+        del log_joint
+        z_theta, z_f = noise
+        theta = q.theta.from_noise(z_theta)
+        model = q.model
+
+        def target(th):
+            return _target(model, q.site_precision, q.site_shift, th)
+
+        value, grad, hess, (d1, d2, mu, chol) = _value_grad_hessian_aux(target)(theta)
+        f = mu + _ops(model.prior(theta)[1]).back(chol, z_f)
+        stats = dict(P=-hess, g=grad, z=theta, A=-d2, G=d1, Z=mu)
+        return stats, jnp.concatenate([theta, f]), value
+
+    def solve(stats, q, log_joint):
+        del log_joint
+        factor = precision_factor(0.5 * (stats["P"] + stats["P"].T))
+        mean = stats["z"] + solve_precision(factor, stats["g"])
+        theta = build(Gaussian, mean=mean, precision_factor=factor)
+        return build(
+            LatentGaussianApproximation,
+            theta=theta,
+            site_precision=stats["A"],
+            site_shift=stats["G"] + stats["A"] * stats["Z"],
+            model=q.model,
+        )
+
+    return Method(
+        name="latent_gaussian",
+        init=init,
+        noise=noise,
+        estimate=estimate,
+        solve=solve,
+        min_draws=lambda q: 1,
+    )
+
+
+def _value_grad_hessian_aux(fn):
+    """``x -> (value, grad, hess, aux)`` of ``fn: x -> (value, aux)`` in one
+    forward-over-reverse pass (``aux`` carried out as a primal)."""
+
+    def value_and_grad(x):
+        (value, aux), grad = jax.value_and_grad(fn, has_aux=True)(x)
+        return grad, (value, grad, aux)
+
+    def out(x):
+        hess, (value, grad, aux) = jax.jacfwd(value_and_grad, has_aux=True)(x)
+        return value, grad, hess, aux
+
+    return out
+
+
+register("latent_gaussian", latent_gaussian, default_for=(LatentGaussianApproximation,))
