@@ -68,6 +68,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -77,9 +78,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import cho_solve, solve_triangular
 
-from jaxvb import linalg
+from jaxvb import _static, linalg
 from jaxvb._algebra import precision_factor, solve_precision
 from jaxvb._laplace import _laplace, default_tol
+from jaxvb._process import jit_once
 from jaxvb.families._base import Array, Family, build, register_dataclass, register_family
 from jaxvb.families.gaussian import Gaussian
 from jaxvb.methods._base import Method
@@ -341,26 +343,34 @@ class LatentGaussian:
             theta0 = theta0.astype(jnp.result_type(float))
         self.check(theta0)
         model = dataclasses.replace(self, num_hyper=int(theta0.shape[0]))
-        ok = jnp.ones((), bool)
-        theta_q = None
-        theta = theta0
-        for _ in range(2):
-            a, b = _newton_sites(model, theta)
-            target = jax.tree_util.Partial(_target_value, model, a, b)
-            # the search itself (jaxvb.laplace raises where it fails; here a failure
-            # is the fit's LAPLACE_FAILED flag)
-            theta_q, info = _laplace(target, theta, default_tol(theta.dtype), max_iter=200)
-            theta = theta_q.mean
-        ok = ok & info.converged & info.negative_definite
+        arrays, static = _static.partition(model)
+        q0, ok = _start(arrays, static, theta0)
+        return model, q0, ok
+
+
+# One compiled program for the whole start (eagerly, its loops and searches would be
+# traced again at every call).
+@jit_once(static_argnames=("static",))
+def _start(arrays, static, theta0):
+    model = _static.combine(arrays, static)
+    theta_q = info = None
+    theta = theta0
+    for _ in range(2):
         a, b = _newton_sites(model, theta)
-        q0 = build(
-            LatentGaussianApproximation,
-            theta=theta_q,
-            site_precision=a,
-            site_shift=b,
-            model=model,
-        )
-        return model, q0, ok & q0.is_proper
+        target = jax.tree_util.Partial(_target_value, model, a, b)
+        # the search itself (jaxvb.laplace raises where it fails; here a failure is
+        # the fit's LAPLACE_FAILED flag)
+        theta_q, info = _laplace(target, theta, default_tol(theta.dtype), max_iter=200)
+        theta = theta_q.mean
+    a, b = _newton_sites(model, theta)
+    q0 = build(
+        LatentGaussianApproximation,
+        theta=theta_q,
+        site_precision=a,
+        site_shift=b,
+        model=model,
+    )
+    return q0, info.converged & info.negative_definite & q0.is_proper
 
 
 def _conditional(model: LatentGaussian, a, b, theta):
@@ -534,7 +544,8 @@ class LatentGaussianApproximation(Family):
 # -------------------------------------------------------------------- the method
 
 
-def latent_gaussian() -> Method:
+@functools.cache
+def latent_gaussian(hessian: str = "differences") -> Method:
     """Algorithm 2 for ``q(theta)`` and the Gaussian sites of ``q(f | theta)``.
 
     The default method of :class:`LatentGaussianApproximation`. Statistics: for
@@ -545,11 +556,25 @@ def latent_gaussian() -> Method:
     ``q(theta) = N(z + P^{-1} g, P^{-1})``, ``a = A``, ``b = G + A Z``. The log density
     a draw reports is ``L(theta)``.
 
+    Args:
+      hessian: how the Hessian of ``L`` is formed at each draw. ``"differences"``
+        (default): central differences of the exact gradient along each
+        hyperparameter, steps of ``eps^(1/3)`` times its sd under ``q(theta)``
+        (``2k + 1`` gradient passes, one after another; relative error ~1e-10 in
+        float64, ~1e-5 in float32). ``"autodiff"``: forward over reverse mode,
+        exact, but through the banded factorisation's scans it costs ~35 gradients on
+        XLA:CPU (6.3 ms against 0.18 ms for a gradient at ``T = 945``, ``k = 3``): the
+        second-order pass makes each scan's body too large for XLA to compile it as
+        one loop.
+
     Example:
       >>> import jaxvb
       >>> jaxvb.methods.resolve("latent_gaussian", None).name
       'latent_gaussian'
     """
+
+    if hessian not in ("differences", "autodiff"):
+        raise ValueError(f"hessian must be 'differences' or 'autodiff', got {hessian!r}")
 
     def init(key, q0, log_joint):
         del key, log_joint
@@ -577,7 +602,12 @@ def latent_gaussian() -> Method:
         def target(th):
             return _target(model, q.site_precision, q.site_shift, th)
 
-        value, grad, hess, (d1, d2, mu, chol) = _value_grad_hessian_aux(target)(theta)
+        if hessian == "autodiff":
+            value, grad, hess, aux = _value_grad_hessian_aux(target)(theta)
+        else:
+            sd = jnp.sqrt(jnp.diagonal(q.theta.cov))
+            value, grad, hess, aux = _value_grad_hessian_differences(target, theta, sd)
+        d1, d2, mu, chol = aux
         f = mu + _ops(model.prior(theta)[1]).back(chol, z_f)
         stats = dict(P=-hess, g=grad, z=theta, A=-d2, G=d1, Z=mu)
         return stats, jnp.concatenate([theta, f]), value
@@ -603,6 +633,20 @@ def latent_gaussian() -> Method:
         solve=solve,
         min_draws=lambda q: 1,
     )
+
+
+def _value_grad_hessian_differences(fn, x, scale):
+    """``(value, grad, hess, aux)`` of ``fn: x -> (value, aux)``: the value, gradient
+    and aux at ``x`` and the Hessian by central differences of the exact gradient,
+    steps ``eps^(1/3) * scale`` (``lax.map``: ``2k + 1`` gradient passes in turn)."""
+    k = x.shape[0]
+    h = jnp.finfo(x.dtype).eps ** (1.0 / 3.0) * scale
+    steps = jnp.diag(h)
+    points = jnp.concatenate([x[None], x + steps, x - steps])
+    (values, aux), grads = jax.lax.map(jax.value_and_grad(fn, has_aux=True), points)
+    hess = (grads[1 : k + 1] - grads[k + 1 :]) / (2.0 * h[:, None])
+    hess = 0.5 * (hess + hess.T)
+    return values[0], grads[0], hess, jax.tree_util.tree_map(lambda v: v[0], aux)
 
 
 def _value_grad_hessian_aux(fn):
