@@ -195,6 +195,8 @@ class LatentGaussian:
       data: any pytree of arrays, passed to ``log_lik`` (traced: a new data set of the
         same shapes reuses the compiled fit).
       num_quadrature: Gauss-Hermite nodes for the site expectations.
+      log_lik_takes_theta: call ``log_lik(f, data, theta)``: observations that also
+        depend on the hyperparameters (a noise scale, a dispersion).
       num_hyper: ``k``; set by :meth:`start` (``jaxvb.fit`` calls it), ``None`` before.
 
     Called on a flat ``x = (theta, f)`` of shape ``(k + T,)`` (once ``num_hyper`` is
@@ -217,6 +219,7 @@ class LatentGaussian:
     log_lik: Callable = dataclasses.field(metadata=_STATIC)
     data: Any = None
     num_quadrature: int = dataclasses.field(default=20, metadata=_STATIC)
+    log_lik_takes_theta: bool = dataclasses.field(default=False, metadata=_STATIC)
     num_hyper: int | None = dataclasses.field(default=None, metadata=_STATIC)
 
     def __post_init__(self):
@@ -234,16 +237,32 @@ class LatentGaussian:
 
     # -- the pieces ------------------------------------------------------------------
 
-    def site_log_lik(self, f: Array) -> Array:
-        """``(T,)`` site log-likelihoods at ``f``."""
-        return jnp.asarray(self.log_lik(f, self.data)).astype(f.dtype)
+    # The three pieces as the engine calls them (a subclass, such as jaxvb.numpyro's,
+    # may compute them from its data instead of from the user's functions).
 
-    def site_expectations(self, mean: Array, var: Array):
+    def prior_log_density(self, theta: Array) -> Array:
+        """``log p(theta)``, a scalar."""
+        return jnp.asarray(self.log_prior(theta)).astype(theta.dtype)
+
+    def prior_of_field(self, theta: Array):
+        """``(mean, precision)`` of ``p(f | theta)``."""
+        mean, precision = self.prior(theta)
+        return jnp.asarray(mean).astype(theta.dtype), precision
+
+    def site_log_lik(self, f: Array, theta: Array) -> Array:
+        """``(T,)`` site log-likelihoods at ``f`` (and ``theta``)."""
+        if self.log_lik_takes_theta:
+            out = self.log_lik(f, self.data, theta)
+        else:
+            out = self.log_lik(f, self.data)
+        return jnp.asarray(out).astype(f.dtype)
+
+    def site_expectations(self, mean: Array, var: Array, theta: Array):
         """``E log p(y_t | f_t)``, ``E d/df_t`` and ``E d^2/df_t^2`` of it under
         ``f_t ~ N(mean_t, var_t)``, by Gauss-Hermite quadrature; each ``(T,)``."""
         x, w = _gauss_hermite(self.num_quadrature, mean.dtype)
         points = mean + jnp.sqrt(var) * x[:, None]  # (J, T)
-        total = lambda f: jnp.sum(self.site_log_lik(f))  # noqa: E731
+        total = lambda f: jnp.sum(self.site_log_lik(f, theta))  # noqa: E731
         ones = jnp.ones_like(mean)
 
         def at(f):
@@ -251,7 +270,7 @@ class LatentGaussian:
             # is its derivative along the ones vector
             grad_fn = jax.grad(total)
             d1, d2 = jax.jvp(grad_fn, (f,), (ones,))
-            return self.site_log_lik(f), d1, d2
+            return self.site_log_lik(f, theta), d1, d2
 
         ell, d1, d2 = jax.vmap(at)(points)
         return w @ ell, w @ d1, w @ d2
@@ -267,7 +286,7 @@ class LatentGaussian:
                 "model.start(theta0) first"
             )
         theta, f = self._split(x)
-        mean, precision = self.prior(theta)
+        mean, precision = self.prior_of_field(theta)
         ops = _ops(precision)
         c = ops.chol(precision)
         d = f - mean
@@ -275,9 +294,9 @@ class LatentGaussian:
             d, ops.matvec(precision, d)
         )
         return (
-            jnp.asarray(self.log_prior(theta)).astype(x.dtype)
+            self.prior_log_density(theta)
             + log_prior_f
-            + jnp.sum(self.site_log_lik(f))
+            + jnp.sum(self.site_log_lik(f, theta))
         )
 
     # -- the start -------------------------------------------------------------------
@@ -285,7 +304,7 @@ class LatentGaussian:
     def check(self, theta0: Array) -> int:
         """``T``, or a clear error about the shapes ``prior`` and ``log_lik`` give."""
         theta = jax.ShapeDtypeStruct(theta0.shape, theta0.dtype)
-        out = jax.eval_shape(self.prior, theta)
+        out = jax.eval_shape(self.prior_of_field, theta)
         if not (isinstance(out, tuple) and len(out) == 2):
             raise TypeError(
                 "LatentGaussian: prior(theta) must return (mean, precision), got "
@@ -310,14 +329,14 @@ class LatentGaussian:
                 f"{precision.shape}"
             )
         f = jax.ShapeDtypeStruct((t,), theta0.dtype)
-        sites = jax.eval_shape(self.log_lik, f, self.data)
+        sites = jax.eval_shape(self.site_log_lik, f, theta)
         if getattr(sites, "shape", None) != (t,):
             raise ValueError(
                 "LatentGaussian: log_lik(f, data) must return the (T,) site "
                 f"log-likelihoods log p(y_t | f_t), T = {t}; got shape "
                 f"{getattr(sites, 'shape', type(sites).__name__)}. Do not sum them."
             )
-        lp = jax.eval_shape(self.log_prior, theta)
+        lp = jax.eval_shape(self.prior_log_density, theta)
         if getattr(lp, "shape", None) != ():
             raise ValueError(
                 "LatentGaussian: log_prior(theta) must return a scalar, got shape "
@@ -375,8 +394,7 @@ def _start(arrays, static, theta0):
 
 def _conditional(model: LatentGaussian, a, b, theta):
     """``q(f | theta)``: ``(mean, var, chol, ops, prior mean, precision, c)``."""
-    m, precision = model.prior(theta)
-    m = jnp.asarray(m).astype(theta.dtype)
+    m, precision = model.prior_of_field(theta)
     ops = _ops(precision)
     chol = ops.chol(ops.add_diag(precision, a))
     c = ops.matvec(precision, m) + b
@@ -395,13 +413,13 @@ def _target(model: LatentGaussian, a, b, theta):
         + 0.5 * jnp.dot(c, mu)
         - 0.5 * jnp.dot(m, ops.matvec(precision, m))
     )
-    ell, _, _ = model.site_expectations(mu, var)
+    ell, _, _ = model.site_expectations(mu, var, theta)
     site_terms = jnp.sum(ell - b * mu + 0.5 * a * (mu * mu + var))
-    value = jnp.asarray(model.log_prior(theta)).astype(theta.dtype) + log_z + site_terms
+    value = model.prior_log_density(theta) + log_z + site_terms
     # The sites' statistics need no derivative in theta: held constant, so the
     # derivative passes skip them.
-    mu0, var0 = jax.lax.stop_gradient(mu), jax.lax.stop_gradient(var)
-    _, d1, d2 = model.site_expectations(mu0, var0)
+    mu0, var0, theta0 = (jax.lax.stop_gradient(v) for v in (mu, var, theta))
+    _, d1, d2 = model.site_expectations(mu0, var0, theta0)
     return value, (d1, d2, mu0, jax.lax.stop_gradient(chol))
 
 
@@ -412,11 +430,10 @@ def _target_value(model, a, b, theta):
 def _newton_sites(model: LatentGaussian, theta, num_iter: int = 30):
     """Sites ``(a, b)`` at the mode of ``p(f | theta, y)``, by Newton's method (a fixed
     number of iterations: every loop of the compiled program has a bound)."""
-    m, precision = model.prior(theta)
-    m = jnp.asarray(m).astype(theta.dtype)
+    m, precision = model.prior_of_field(theta)
     ops = _ops(precision)
     qm = ops.matvec(precision, m)
-    total = lambda f: jnp.sum(model.site_log_lik(f))  # noqa: E731
+    total = lambda f: jnp.sum(model.site_log_lik(f, theta))  # noqa: E731
 
     def sites(f):
         d1, d2 = jax.jvp(jax.grad(total), (f,), (jnp.ones_like(f),))
@@ -516,7 +533,7 @@ class LatentGaussianApproximation(Family):
 
     def log_prob(self, x: Array) -> Array:
         theta, f = self.unpack(x)
-        m, precision = self.model.prior(theta)
+        m, precision = self.model.prior_of_field(theta)
         ops = _ops(precision)
         p = ops.add_diag(precision, self.site_precision)
         chol = ops.chol(p)
@@ -608,7 +625,7 @@ def latent_gaussian(hessian: str = "differences") -> Method:
             sd = jnp.sqrt(jnp.diagonal(q.theta.cov))
             value, grad, hess, aux = _value_grad_hessian_differences(target, theta, sd)
         d1, d2, mu, chol = aux
-        f = mu + _ops(model.prior(theta)[1]).back(chol, z_f)
+        f = mu + _ops(model.prior_of_field(theta)[1]).back(chol, z_f)
         stats = dict(P=-hess, g=grad, z=theta, A=-d2, G=d1, Z=mu)
         return stats, jnp.concatenate([theta, f]), value
 
