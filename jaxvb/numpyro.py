@@ -49,6 +49,7 @@ try:
     import numpyro  # noqa: F401  (the error below names the package)
     import numpyro.distributions as dist
     from numpyro import handlers
+    from numpyro.distributions.transforms import biject_to
     from numpyro.infer import init_to_median
     from numpyro.infer.util import constrain_fn, potential_energy, unconstrain_fn
 except ImportError as e:  # pragma: no cover - exercised in a subprocess by the tests
@@ -62,7 +63,9 @@ from jaxvb._arviz import from_draws
 from jaxvb._fit import fit as _fit
 from jaxvb._process import jit_once
 from jaxvb._result import FitError, Result
-from jaxvb.families._base import Family, is_concrete
+from jaxvb.families._base import Family, is_concrete, register_dataclass
+from jaxvb.latent import LatentGaussian
+from jaxvb.linalg import Banded
 from jaxvb.methods import Method
 
 __all__ = ["LogJoint", "MinibatchLogJoint", "NumPyroResult", "fit", "log_joint"]
@@ -621,6 +624,149 @@ jax.tree_util.register_pytree_node(
 )
 
 
+# ------------------------------------------------------------------ latent fields
+
+
+@dataclasses.dataclass(frozen=True)
+class _LatentSpec:
+    """Where the latent field and the hyperparameters sit in :class:`LogJoint`'s ``x``
+    (hashable: the static part of a compiled fit)."""
+
+    latent: str
+    size: int
+    f_start: int
+    theta_index: tuple[int, ...]
+    theta_sites: tuple[str, ...]
+    observed: tuple[str, ...]
+
+
+def _latent_spec(lj: LogJoint, latent: str) -> _LatentSpec:
+    if latent not in lj.latent_shapes:
+        raise ValueError(
+            f"jaxvb.numpyro: latent={latent!r} is not a latent sample site of the model; "
+            f"its latent sites are {sorted(lj.latent_shapes)}"
+        )
+    if lj.subsample_plates:
+        raise ValueError(
+            "jaxvb.numpyro: latent= fits the whole data set; the model's plates "
+            f"{sorted(lj.subsample_plates)} subsample. Drop subsample_size."
+        )
+    offsets, start = {}, 0
+    for name, shape in lj._unconstrained_shapes:
+        size = int(np.prod(shape, dtype=int))
+        offsets[name] = (start, size)
+        start += size
+    f_start, size = offsets[latent]
+    theta_sites = tuple(n for n, _ in lj._unconstrained_shapes if n != latent)
+    if not theta_sites:
+        raise ValueError(
+            f"jaxvb.numpyro: latent={latent!r} is the model's only latent site; a latent "
+            "Gaussian fit needs hyperparameters besides the field (with none, the "
+            "posterior of the field is a plain jaxvb.numpyro.fit)"
+        )
+    index = tuple(
+        i for n in theta_sites for i in range(offsets[n][0], offsets[n][0] + offsets[n][1])
+    )
+    return _LatentSpec(latent, size, f_start, index, theta_sites, tuple(lj.observed))
+
+
+def _gaussian_prior(fn, size: int, site: str):
+    """``(mean, precision)`` of a NumPyro Gaussian over a value of ``size`` elements."""
+    base = fn
+    while isinstance(base, (dist.Independent, dist.ExpandedDistribution)):
+        base = base.base_dist
+    if isinstance(base, dist.Normal):
+        loc = jnp.broadcast_to(base.loc, fn.shape()).reshape(size)
+        scale = jnp.broadcast_to(base.scale, fn.shape()).reshape(size)
+        return loc, Banded((1.0 / scale**2)[None])
+    if isinstance(base, dist.MultivariateNormal) and fn.event_shape == (size,):
+        return jnp.broadcast_to(base.loc, (size,)), base.precision_matrix
+    if isinstance(base, dist.GaussianRandomWalk) and fn.event_shape == (size,):
+        # f_1 ~ N(0, s^2), f_t - f_{t-1} ~ N(0, s^2): a tridiagonal precision
+        diag = jnp.full(size, 2.0).at[-1].set(1.0)
+        off = jnp.full(size, -1.0).at[-1].set(0.0)
+        return jnp.zeros(size), Banded(jnp.stack([diag, off]) / base.scale**2)
+    raise TypeError(
+        f"jaxvb.numpyro: the latent site {site!r} has a {type(base).__name__} "
+        "distribution; a latent Gaussian fit needs a Gaussian prior given the other "
+        "sites: Normal (in a plate or .to_event), MultivariateNormal (one vector) or "
+        "GaussianRandomWalk"
+    )
+
+
+def _unused(*args):  # the pieces of a _NumPyroLatent come from its model, not these
+    raise NotImplementedError
+
+
+@register_dataclass
+class _NumPyroLatent(LatentGaussian):
+    """A NumPyro model as a :class:`jaxvb.LatentGaussian`: ``data`` is its
+    :class:`LogJoint` (the model's arrays traced), ``spec`` where ``f`` and ``theta``
+    sit in it."""
+
+    spec: _LatentSpec | None = dataclasses.field(default=None, metadata={"static": True})
+
+    def _trace(self, theta, f):
+        lj, spec = self.data, self.spec
+        flat = jnp.zeros(lj.dim, theta.dtype)
+        flat = flat.at[jnp.asarray(spec.theta_index)].set(theta)
+        flat = flat.at[spec.f_start : spec.f_start + spec.size].set(f)
+        params = lj.unravel(flat)
+        values = constrain_fn(lj.model, lj.model_args, lj.model_kwargs, params)
+        model = handlers.substitute(handlers.seed(lj.model, rng_seed=0), data=values)
+        trace = handlers.trace(model).get_trace(*lj.model_args, **lj.model_kwargs)
+        return params, values, trace
+
+    def prior_log_density(self, theta):
+        params, values, trace = self._trace(theta, jnp.zeros(self.spec.size, theta.dtype))
+        total = jnp.zeros((), theta.dtype)
+        for name in self.spec.theta_sites:
+            fn = trace[name]["fn"]
+            total = total + jnp.sum(fn.log_prob(values[name]))
+            jac = biject_to(fn.support).log_abs_det_jacobian(params[name], values[name])
+            total = total + jnp.sum(jac)
+        return total
+
+    def prior_of_field(self, theta):
+        _, _, trace = self._trace(theta, jnp.zeros(self.spec.size, theta.dtype))
+        fn = trace[self.spec.latent]["fn"]
+        mean, precision = _gaussian_prior(fn, self.spec.size, self.spec.latent)
+        return jnp.asarray(mean, theta.dtype), precision
+
+    def site_log_lik(self, f, theta):
+        _, _, trace = self._trace(theta, f)
+        total = jnp.zeros(self.spec.size, f.dtype)
+        for name in self.spec.observed:
+            site = trace[name]
+            lp = site["fn"].log_prob(site["value"])
+            if lp.size != self.spec.size:
+                raise ValueError(
+                    f"jaxvb.numpyro: the observed site {name!r} has {lp.size} "
+                    f"log-densities but the latent site {self.spec.latent!r} has "
+                    f"{self.spec.size} values; with latent=, each observation must "
+                    "depend on one value of the field (one observation per value)"
+                )
+            total = total + lp.reshape(self.spec.size)
+        return total
+
+
+class _LatentView:
+    """What :class:`NumPyroResult` needs from a log joint, for draws ``(theta, f)``."""
+
+    def __init__(self, lj: LogJoint, spec: _LatentSpec):
+        self.lj, self.spec = lj, spec
+        self.posterior_sites = lj.posterior_sites
+        self.observed = lj.observed
+        self.arviz_dims = lj.arviz_dims
+
+    def constrain(self, x):
+        k = len(self.spec.theta_index)
+        flat = jnp.zeros(self.lj.dim, x.dtype)
+        flat = flat.at[jnp.asarray(self.spec.theta_index)].set(x[:k])
+        flat = flat.at[self.spec.f_start : self.spec.f_start + self.spec.size].set(x[k:])
+        return self.lj.constrain(flat)
+
+
 # Run once per fit: XLA's backend optimisation would cost more to compile than it saves.
 @jit_once(static_argnames=("static", "init_strategy"))
 def _start(arrays, static, key, x0, *, init_strategy):
@@ -642,6 +788,7 @@ def fit(
     num_steps: int,
     method: str | Method | None = None,
     init: Callable | Family | jax.Array | None = None,
+    latent: str | None = None,
     fit_kwargs: Mapping[str, Any] | None = None,
     **model_kwargs: Any,
 ) -> NumPyroResult:
@@ -668,6 +815,14 @@ def fit(
         unconstrained scale does the same from ``x0``; a jaxvb family (e.g. a
         :class:`jaxvb.Gaussian` over ``x``) is used as ``q0`` directly, with no mode
         search.
+      latent: the name of a latent site to fit as the field ``f`` of a
+        :class:`jaxvb.LatentGaussian` (``q(theta) q(f | theta)``, the other latent sites
+        being ``theta``, on NumPyro's unconstrained scale): its prior given the other
+        sites must be a ``Normal`` (in a plate or ``.to_event``; a diagonal
+        precision), a ``MultivariateNormal`` (dense) or a ``GaussianRandomWalk``
+        (tridiagonal), and each observed value must depend on one value of it. The
+        start is the init strategy's point for ``theta`` (``init`` must be one);
+        ``.sample`` gives every site as usual.
       fit_kwargs: further options of :func:`jaxvb.fit` (``step_size``, ``num_draws``,
         ``antithetic``, ``max_backtracks``, ``num_eval_draws``, ``trace``,
         ``on_failure``), as a dict, so that they cannot clash with the model's own
@@ -709,6 +864,10 @@ def fit(
     key_init, key_fit = jax.random.split(key)
     if init is None:
         init = init_to_median
+    if latent is not None:
+        return _fit_latent(
+            lj, latent, key_init, key_fit, num_steps, method, init, fit_kwargs
+        )
     if isinstance(init, Family):
         if tuple(init.event_shape) != (lj.dim,):
             raise ValueError(
@@ -741,3 +900,31 @@ def fit(
     except FitError as e:
         raise FitError(str(e), NumPyroResult(e.result, lj)) from None
     return NumPyroResult(result, lj)
+
+
+def _fit_latent(lj, latent, key_init, key_fit, num_steps, method, init, fit_kwargs):
+    """:func:`fit` with ``latent=``: the model as a :class:`jaxvb.LatentGaussian`."""
+    spec = _latent_spec(lj, latent)
+    if not callable(init) or isinstance(init, Family):
+        raise TypeError(
+            "jaxvb.numpyro.fit: with latent=, init must be a NumPyro init strategy "
+            "(init_to_median, init_to_value(values={...}), ...); it picks theta's start"
+        )
+    arrays, static = _static.partition(lj)
+    x0, start = _start(arrays, static, key_init, None, init_strategy=init)
+    if is_concrete(start) and not np.isfinite(float(start)):
+        raise ValueError(
+            f"jaxvb.numpyro.fit: the log density is {float(start)} at the starting "
+            f"point {lj.constrain(x0)}; pick one inside the support with "
+            "init=numpyro.infer.init_to_value(values={...})."
+        )
+    model = _NumPyroLatent(_unused, _unused, _unused, data=lj, spec=spec)
+    theta0 = x0[jnp.asarray(spec.theta_index)]
+    view = _LatentView(lj, spec)
+    try:
+        result = _fit(
+            model, theta0, key_fit, num_steps=num_steps, method=method, **fit_kwargs
+        )
+    except FitError as e:
+        raise FitError(str(e), NumPyroResult(e.result, view)) from None
+    return NumPyroResult(result, view)

@@ -1,0 +1,147 @@
+"""jaxvb.numpyro.fit(..., latent="f"): a NumPyro model as a jaxvb.LatentGaussian.
+
+Exact on a conjugate model (the hyperparameter's posterior in closed form), the same
+fit as the LatentGaussian written by hand, compiled once per model structure, and
+clear errors for models it cannot take.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_numpyro_compile import compilations
+
+import jaxvb
+from jaxvb.linalg import Banded
+
+numpyro = pytest.importorskip("numpyro")
+dist = pytest.importorskip("numpyro.distributions")
+import jaxvb.numpyro  # noqa: E402
+
+KEY = jax.random.key(0)
+Y = jnp.array([0.3, -0.5, 1.2, 0.8, 2.0, 1.1])
+FIT = {"num_eval_draws": 50}
+
+
+def conjugate(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 2.0))
+    with numpyro.plate("t", y.shape[0]):
+        f = numpyro.sample("f", dist.Normal(mu, 1.0))
+        numpyro.sample("y", dist.Normal(f, math.sqrt(0.5)), obs=y)
+
+
+def test_conjugate_model_is_exact():
+    """y_t ~ N(mu, 1 + 0.5) given mu ~ N(0, 4): mu | y is Gaussian, and so is q."""
+    res = jaxvb.numpyro.fit(conjugate, KEY, Y, num_steps=30, latent="f", fit_kwargs=FIT)
+    n = Y.shape[0]
+    prec = 1 / 4.0 + n / 1.5
+    mean = float(jnp.sum(Y)) / 1.5 / prec
+    assert int(res.status) == 0
+    np.testing.assert_allclose(res.q.theta.mean, [mean], rtol=1e-9)
+    np.testing.assert_allclose(res.q.theta.cov, [[1 / prec]], rtol=1e-9)
+    draws = res.sample(jax.random.key(1), 10)
+    assert draws["mu"].shape == (10,) and draws["f"].shape == (10, n)
+    assert float(res.r_squared) == pytest.approx(1.0, abs=1e-10)
+
+
+def poisson_walk(y):
+    s = numpyro.sample("s", dist.HalfNormal(1.0))
+    f = numpyro.sample("f", dist.GaussianRandomWalk(s, num_steps=y.shape[0]))
+    with numpyro.plate("t", y.shape[0]):
+        numpyro.sample("y", dist.Poisson(jnp.exp(f)), obs=y)
+
+
+COUNTS = jnp.array([0.0, 2.0, 1.0, 4.0, 3.0, 5.0, 4.0, 7.0])
+
+
+def test_same_fit_as_the_latent_gaussian_by_hand():
+    """A GaussianRandomWalk prior is a tridiagonal precision; theta = log s, with the
+    HalfNormal prior and its log-Jacobian."""
+    t = COUNTS.shape[0]
+    band = jnp.stack([jnp.full(t, 2.0).at[-1].set(1.0), jnp.full(t, -1.0).at[-1].set(0.0)])
+    by_hand = jaxvb.LatentGaussian(
+        log_prior=lambda th: dist.HalfNormal(1.0).log_prob(jnp.exp(th[0])) + th[0],
+        prior=lambda th: (jnp.zeros(t), Banded(band * jnp.exp(-2 * th[0]))),
+        log_lik=lambda f, y: dist.Poisson(jnp.exp(f)).log_prob(y),
+        data=COUNTS,
+    )
+    key_init, key_fit = jax.random.split(KEY)  # as jaxvb.numpyro.fit splits its key
+    via = jaxvb.numpyro.fit(poisson_walk, KEY, COUNTS, num_steps=100, latent="f")
+    # the same start: init_to_median's s, on the log scale
+    lj = jaxvb.numpyro.log_joint(poisson_walk, COUNTS)
+    x0 = lj.init_point(key_init, numpyro.infer.init_to_median)
+    direct = jaxvb.fit(by_hand, x0[:1], key_fit, num_steps=100)
+    # equal up to round-off (the two compute the model's terms in different orders,
+    # and the Hessian's central differences amplify round-off to ~1e-8)
+    tol = {"rtol": 1e-6, "atol": 1e-9}
+    np.testing.assert_allclose(via.q.theta.mean, direct.q.theta.mean, **tol)
+    np.testing.assert_allclose(via.q.theta.cov, direct.q.theta.cov, **tol)
+    np.testing.assert_allclose(via.q.site_shift, direct.q.site_shift, **tol)
+    assert float(via.elbo) == pytest.approx(float(direct.elbo), rel=1e-9)
+
+
+def test_compiles_once_per_model_structure():
+    jaxvb.numpyro.fit(poisson_walk, KEY, COUNTS, num_steps=50, latent="f", fit_kwargs=FIT)
+    new_counts = COUNTS + 1.0
+    with compilations() as names:
+        res = jaxvb.numpyro.fit(
+            poisson_walk,
+            jax.random.key(1),
+            new_counts,
+            num_steps=50,
+            latent="f",
+            fit_kwargs=FIT,
+        )
+    assert names == []
+    assert bool(res.ok)
+
+
+def test_models_it_cannot_take_get_clear_errors():
+    with pytest.raises(ValueError, match="latent='g' is not a latent sample site"):
+        jaxvb.numpyro.fit(conjugate, KEY, Y, num_steps=10, latent="g")
+
+    def skewed(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 2.0))
+        with numpyro.plate("t", y.shape[0]):
+            f = numpyro.sample("f", dist.Gumbel(mu, 1.0))
+            numpyro.sample("y", dist.Normal(f, 1.0), obs=y)
+
+    with pytest.raises(TypeError, match="has a Gumbel distribution"):
+        jaxvb.numpyro.fit(skewed, KEY, Y, num_steps=10, latent="f")
+
+    def pooled(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 2.0))
+        f = numpyro.sample("f", dist.Normal(mu, 1.0).expand([3]).to_event(1))
+        with numpyro.plate("t", y.shape[0]):
+            numpyro.sample("y", dist.Normal(jnp.sum(f), 1.0), obs=y)
+
+    with pytest.raises(ValueError, match="observed site 'y' has 6 log-densities"):
+        jaxvb.numpyro.fit(pooled, KEY, Y, num_steps=10, latent="f")
+
+    def alone(y):
+        with numpyro.plate("t", y.shape[0]):
+            f = numpyro.sample("f", dist.Normal(0.0, 1.0))
+            numpyro.sample("y", dist.Normal(f, 1.0), obs=y)
+
+    with pytest.raises(ValueError, match="only latent site"):
+        jaxvb.numpyro.fit(alone, KEY, Y, num_steps=10, latent="f")
+
+
+def test_a_multivariate_normal_field():
+    """A Gaussian-process-like field with a dense covariance from a hyperparameter."""
+    x = jnp.linspace(0.0, 1.0, 6)
+
+    def gp(y):
+        ell = numpyro.sample("ell", dist.LogNormal(-1.0, 0.5))
+        k = jnp.exp(-0.5 * (x[:, None] - x[None]) ** 2 / ell**2) + 1e-6 * jnp.eye(6)
+        f = numpyro.sample("f", dist.MultivariateNormal(jnp.zeros(6), k))
+        with numpyro.plate("t", 6):
+            numpyro.sample("y", dist.Bernoulli(logits=f), obs=y)
+
+    y = jnp.array([0.0, 0.0, 1.0, 1.0, 1.0, 0.0])
+    res = jaxvb.numpyro.fit(gp, KEY, y, num_steps=200, latent="f", fit_kwargs=FIT)
+    assert bool(res.ok)
+    draws = res.sample(jax.random.key(1), 100)
+    assert draws["f"].shape == (100, 6) and bool(jnp.all(draws["ell"] > 0))
