@@ -133,7 +133,7 @@ def test_dense_and_banded_precisions_give_the_same_fit():
 
 
 @pytest.mark.slow
-def test_vmap_over_data_sets_equals_the_loop():
+def test_vmap_and_fit_batched_over_data_sets_equal_the_loop():
     ys = jnp.stack([Y, Y[::-1], 2.0 * Y])
 
     def one(y, key):
@@ -141,6 +141,8 @@ def test_vmap_over_data_sets_equals_the_loop():
 
     keys = jax.random.split(KEY, 3)
     batched = jax.jit(jax.vmap(one))(ys, keys)
+    sharded = jaxvb.fit_batched(one, ys, keys)
+    np.testing.assert_allclose(sharded.q.theta.mean, batched.q.theta.mean, rtol=1e-12)
     for i in range(3):
         single = one(ys[i], keys[i])
         np.testing.assert_allclose(batched.q.theta.mean[i], single.q.theta.mean, rtol=1e-9)
