@@ -74,6 +74,16 @@ def test_conjugate_model_is_exact(banded):
     assert float(res.r_squared) == pytest.approx(1.0, abs=1e-12)
 
 
+def test_hessian_by_autodiff_is_exact_too():
+    method = jaxvb.latent.latent_gaussian(hessian="autodiff")
+    res = jaxvb.fit(_model(False), jnp.zeros(1), KEY, num_steps=20, method=method)
+    mean, var, _ = _exact()
+    np.testing.assert_allclose(res.q.theta.mean, [mean], rtol=1e-10)
+    np.testing.assert_allclose(res.q.theta.cov, [[var]], rtol=1e-10)
+    with pytest.raises(ValueError, match="hessian must be 'differences' or 'autodiff'"):
+        jaxvb.latent.latent_gaussian(hessian="exact")
+
+
 def test_sample_and_log_prob_are_the_joint_gaussian():
     """Draws of q(theta) q(f | theta) have the joint Gaussian's moments, and log_prob
     is its density (the conjugate model: q is the exact posterior)."""
