@@ -372,15 +372,18 @@ class LatentGaussian:
 @jit_once(static_argnames=("static",))
 def _start(arrays, static, theta0):
     model = _static.combine(arrays, static)
-    theta_q = info = None
-    theta = theta0
-    for _ in range(2):
+
+    def round_(theta, _):
         a, b = _newton_sites(model, theta)
         target = jax.tree_util.Partial(_target_value, model, a, b)
         # the search itself (jaxvb.laplace raises where it fails; here a failure is
         # the fit's LAPLACE_FAILED flag)
         theta_q, info = _laplace(target, theta, default_tol(theta.dtype), max_iter=200)
-        theta = theta_q.mean
+        return theta_q.mean, (theta_q, info)
+
+    # two rounds as a loop: the sites' search and the mode search compile once
+    theta, (theta_qs, infos) = jax.lax.scan(round_, theta0, None, length=2)
+    theta_q, info = jax.tree_util.tree_map(lambda v: v[-1], (theta_qs, infos))
     a, b = _newton_sites(model, theta)
     q0 = build(
         LatentGaussianApproximation,
