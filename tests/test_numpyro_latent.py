@@ -56,6 +56,7 @@ def poisson_walk(y):
 COUNTS = jnp.array([0.0, 2.0, 1.0, 4.0, 3.0, 5.0, 4.0, 7.0])
 
 
+@pytest.mark.slow
 def test_same_fit_as_the_latent_gaussian_by_hand():
     """A GaussianRandomWalk prior is a tridiagonal precision; theta = log s, with the
     HalfNormal prior and its log-Jacobian."""
@@ -129,6 +130,7 @@ def test_models_it_cannot_take_get_clear_errors():
         jaxvb.numpyro.fit(alone, KEY, Y, num_steps=10, latent="f")
 
 
+@pytest.mark.slow
 def test_a_multivariate_normal_field():
     """A Gaussian-process-like field with a dense covariance from a hyperparameter."""
     x = jnp.linspace(0.0, 1.0, 6)
