@@ -204,7 +204,7 @@ def test_a_prior_precision_that_is_not_positive_definite_is_flagged():
 
 def test_a_student_t_likelihood_does_not_break_the_fit():
     """Sites that are not log-concave (Student-t with 3 dof, one outlier): the fit
-    ends proper with finite diagnostics, or flagged; never NaN marked ok."""
+    ends proper with finite diagnostics and discounts the outlier."""
     y = Y.at[3].set(12.0)
 
     def log_lik(f, y):
@@ -213,11 +213,14 @@ def test_a_student_t_likelihood_does_not_break_the_fit():
 
     good = _model(True)
     model = jaxvb.LatentGaussian(good.log_prior, good.prior, log_lik, y)
-    res = jaxvb.fit(model, jnp.zeros(1), KEY, num_steps=200, on_failure="ignore")
-    leaves = jax.tree_util.tree_leaves(res.q)
-    if bool(res.ok):
-        assert all(bool(jnp.all(jnp.isfinite(v))) for v in leaves)
-        assert np.isfinite(float(res.elbo))
+    res = jaxvb.fit(model, jnp.zeros(1), KEY, num_steps=200)
+    assert bool(res.ok) and np.isfinite(float(res.elbo))
+    assert all(bool(jnp.all(jnp.isfinite(v))) for v in jax.tree_util.tree_leaves(res.q))
+    # The outlier's site is discounted: its precision (here slightly negative, the
+    # likelihood being convex there) far below the others'. (Against NUTS with 1000
+    # steps: every mean within 0.03 sd, sd ratios 0.93-1.0; not run here.)
+    a = np.asarray(res.q.site_precision)
+    assert abs(a[3]) < 0.1 * np.min(np.delete(a, 3))
 
 
 @pytest.mark.slow
