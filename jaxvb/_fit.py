@@ -131,14 +131,16 @@ def fit(
         statistics are damped; the second-half average is untouched. ``0`` gives the
         paper's plain iteration.
       num_eval_draws: draws of the fitted ``q`` for the diagnostics (evaluated in
-        chunks, so memory does not grow with it).
+        chunks of 100, fewer for a long ``x``: one at ``d = 10^6``; memory does not
+        grow with it).
       num_check_draws: draws for the convergence check (one more update from fresh
         draws must give ``q`` back; :attr:`Status.NOT_CONVERGED`), rounded up to a
         whole number of steps: they are drawn as extra steps of the iteration's own
-        loop, ``num_draws`` (times two if ``antithetic``) at a time, so memory does not
-        grow with them. Default ``min(num_eval_draws, 200)``; ``0`` skips the check, as
-        does a number below four times the draws the method needs to solve (Algorithm 1
-        with a large Gaussian).
+        loop, ``num_draws`` (times two if ``antithetic``) at a time, and kept to the
+        end for the distances (evaluated in chunks). Default ``min(num_eval_draws,
+        200)``, fewer for a long ``x`` (at most ~4 million values held, at least 16
+        draws: 16 at ``d = 10^6``); ``0`` skips the check, as does a number below four
+        times the draws the method needs to solve (Algorithm 1 with a large Gaussian).
       trace: also return per-step :class:`Trace` information.
       progress: report the progress of a long fit from inside the compiled loop (off by
         default): an int ``k`` prints the step and the current ELBO and R^2 estimates
@@ -214,7 +216,9 @@ def fit(
         raise ValueError(f"step_size must lie in (0, 1], got {step_size}")
     _check_log_joint(log_joint, q0)
     if num_check_draws is None:
-        num_check_draws = min(num_eval_draws, 200)
+        # the check keeps its draws until the end: at most ~32 MB of them (a long
+        # latent field, d ~ 10^6, gets 16 draws)
+        num_check_draws = min(num_eval_draws, 200, max(16, _MAX_HELD // _size(q0)))
     # Half the check's draws must solve the method's statistics, with room to spare.
     if num_check_draws < 4 * needed:
         num_check_draws = 0
@@ -243,6 +247,22 @@ def fit(
         flag = jnp.where(laplace_failed, int(Status.LAPLACE_FAILED), 0).astype(jnp.int32)
         result = result._replace(status=result.status | flag)
     return check(result, on_failure, num_steps=num_steps, stacklevel=2)
+
+
+#: Elements of draws held at once: by the check (its draws, to the end of the fit) and
+#: by a chunk of the diagnostics or of the check's distances (their work arrays).
+_MAX_HELD = 2**22
+_MAX_CHUNK = 2**20
+
+
+def _size(q) -> int:
+    return max(1, math.prod(q.event_shape))
+
+
+def _chunk_size(d: int) -> int:
+    """Draws evaluated at once: 100, fewer for a long event (one at d ~ 10^6), so that
+    memory stays bounded whatever the dimension."""
+    return max(1, min(100, _MAX_CHUNK // max(1, d)))
 
 
 class _Check(NamedTuple):
@@ -282,7 +302,10 @@ def _check_distances(check: _Check, method: Method, log_joint):
     x = check.x.reshape(-1, *check.x.shape[2:])
 
     def distance(a, b):
-        d = jax.vmap(a.log_prob)(x) - jax.vmap(b.log_prob)(x)
+        chunk = _chunk_size(x.shape[-1])
+        d = jax.lax.map(a.log_prob, x, batch_size=chunk) - jax.lax.map(
+            b.log_prob, x, batch_size=chunk
+        )
         value = 0.5 * jnp.var(d)
         proper = a.is_proper & b.is_proper & jnp.isfinite(value)
         return jnp.where(proper, value, jnp.inf)
@@ -438,7 +461,9 @@ def _fit(
         settled = jnp.isfinite(shift) & (shift <= jnp.maximum(1.0, noise))
         status = status | jnp.where(good & ~settled, int(Status.NOT_CONVERGED), 0)
 
-    diag = diagnostics.evaluate(key_eval, q, log_p_fn, num_eval_draws)
+    diag = diagnostics.evaluate(
+        key_eval, q, log_p_fn, num_eval_draws, chunk_size=_chunk_size(_size(q))
+    )
     status = status | jnp.where(
         diag.num_nonfinite > 0, int(Status.NONFINITE_DIAGNOSTICS), 0
     )

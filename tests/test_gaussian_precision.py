@@ -258,3 +258,14 @@ def test_dimension_benchmark_quick(tmp_path):
         assert 0 < r["peak_rss_mb"] < 64_000
     assert result["notes"] and result["environment"]["git"]["commit"]
     assert (tmp_path / "dimension.png").stat().st_size > 10_000
+
+
+def test_draws_held_at_once_shrink_with_the_dimension():
+    """Diagnostics' chunks and the check's kept draws are bounded in elements, so a
+    long latent field (d ~ 10^6) needs no more memory than a moderate model."""
+    from jaxvb import _fit
+
+    assert _fit._chunk_size(5) == 100 and _fit._chunk_size(10_000) == 100
+    assert _fit._chunk_size(100_000) == 10 and _fit._chunk_size(10**6) == 1
+    assert _fit._chunk_size(10**6) * 10**6 <= _fit._MAX_CHUNK
+    assert max(16, _fit._MAX_HELD // 10**6) == 16
