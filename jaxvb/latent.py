@@ -396,7 +396,8 @@ def _start(arrays, static, theta0):
 
 
 def _conditional(model: LatentGaussian, a, b, theta):
-    """``q(f | theta)``: ``(mean, var, chol, ops, prior mean, precision, c)``."""
+    """``q(f | theta)``: ``(mean, chol, ops, prior mean, prior precision, c)``, with
+    ``chol`` the factor of ``Q + diag(a)`` and ``c = Q m + b`` (``mean = P^{-1} c``)."""
     m, precision = model.prior_of_field(theta)
     ops = _ops(precision)
     chol = ops.chol(ops.add_diag(precision, a))
