@@ -10,7 +10,15 @@ from importlib import resources
 
 import numpy as np
 
-__all__ = ["cancer_mortality", "coal_mining_disasters", "longley", "sv_gbpusd"]
+__all__ = [
+    "baseball_1986",
+    "brambles",
+    "cancer_mortality",
+    "coal_mining_disasters",
+    "longley",
+    "sp500_returns",
+    "sv_gbpusd",
+]
 
 
 def _rows(name: str) -> list[dict[str, str]]:
@@ -110,4 +118,73 @@ def coal_mining_disasters() -> tuple[np.ndarray, np.ndarray]:
     return (
         np.array([int(r["year"]) for r in rows]),
         np.array([int(r["count"]) for r in rows]),
+    )
+
+
+def sp500_returns() -> np.ndarray:
+    """Daily % log-returns of the S&P 500 index, 2009-01-27 .. 2018-12-31 (2500 days).
+
+    ``y_t = 100 log(P_t / P_{t-1})`` of the adjusted close ``P`` of the last 2501
+    trading days in the ``arch`` package's S&P 500 data (``arch.data.sp500``, Yahoo!
+    Finance ``^GSPC``, 1999-2018), **not** demeaned (mean 0.044, sd 1.035).
+
+    Returns:
+      ``y``, float array of shape ``(2500,)``.
+
+    Example:
+      >>> from jaxvb import data
+      >>> y = data.sp500_returns()
+      >>> y.shape, round(float(y.mean()), 4), round(float(y.std()), 4)
+      ((2500,), 0.0439, 1.0347)
+    """
+    return np.array([float(r["y"]) for r in _rows("sp500_returns.csv")])
+
+
+def brambles() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Locations of the 823 living bramble canes in a 9 m square plot (Diggle 1983).
+
+    Coordinates in units of 9 m (the plot is the unit square); the age of each cane:
+    0 newly emerged, 1 one year old, 2 two years old. From Hutchings (1979), as in
+    Diggle (1983) and the R package boot (``brambles``).
+
+    Returns:
+      ``(x, y, age)``: float, float and integer arrays of shape ``(823,)``.
+
+    Example:
+      >>> from jaxvb import data
+      >>> x, y, age = data.brambles()
+      >>> x.shape, bool(((0 <= x) & (x <= 1) & (0 <= y) & (y <= 1)).all())
+      ((823,), True)
+      >>> [int((age == a).sum()) for a in (0, 1, 2)]
+      [359, 385, 79]
+    """
+    rows = _rows("brambles.csv")
+    return (
+        np.array([float(r["x"]) for r in rows]),
+        np.array([float(r["y"]) for r in rows]),
+        np.array([int(r["age"]) for r in rows]),
+    )
+
+
+def baseball_1986() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Hits and times at bat of 322 Major League Baseball hitters in the 1986 season.
+
+    With each player's number of years in the major leagues. The 1988 ASA Statistical
+    Graphics and Computing data exposition's hitters data, as in the R package vcd
+    (``Baseball``) and ISLR (``Hitters``).
+
+    Returns:
+      ``(hits, atbat, years)``, three integer arrays of shape ``(322,)``.
+
+    Example:
+      >>> from jaxvb import data
+      >>> hits, atbat, years = data.baseball_1986()
+      >>> hits.shape, int(hits.sum()), int(atbat.sum()), int(years.max())
+      ((322,), 32530, 122659, 24)
+    """
+    rows = _rows("baseball_1986.csv")
+    return (
+        np.array([int(r["hits"]) for r in rows]),
+        np.array([int(r["atbat"]) for r in rows]),
+        np.array([int(r["years"]) for r in rows]),
     )
