@@ -142,3 +142,62 @@ def test_beta_binomial_quick(tmp_path):
     assert all(isinstance(t["met"], bool) for t in result["targets"].values())
     for png in ("beta_binomial_kl.png", "beta_binomial_contours.png"):
         assert (tmp_path / png).stat().st_size > 10_000
+
+
+@pytest.mark.integration
+def test_latent_gaussian_quick(tmp_path):
+    """The latent Gaussian benchmark's quick mode (GLMM only, its own process: the
+    module turns on float64), and the format of ``--refs``'s references."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("numpyro")
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "latent_gaussian.py"), "--quick"]
+        + ["--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "latent_gaussian.json").read_text())
+    glmm = result["problems"]["glmm_baseball"]
+    for variant in ("diagnostics", "no_diagnostics"):
+        timing = glmm["jaxvb"][variant]
+        assert timing["status"] == 0
+        assert 0 < timing["run"]["median_s"] < timing["first_call_s"]
+    # A near-Gaussian posterior: 100 steps and 2000 draws are well inside the targets
+    # (Monte Carlo error of the means ~0.02 reference sd).
+    for fit in glmm["accuracy"]["fits"]:
+        assert fit["status"] == 0 and fit["r_squared"] > 0.99
+        for name, p in fit["params"].items():
+            assert abs(p["mean_error_in_ref_sd"]) < 0.25, name
+            assert 0.8 < p["sd_ratio"] < 1.2, name
+        assert fit["latent"]["rms_standardised_error"] < 0.15
+        assert 0.8 < fit["latent"]["median_sd_ratio"] < 1.2
+    assert glmm["nuts"]["run_s"] > 0 and glmm["nuts"]["vs_reference"]["latent"]
+    assert glmm["reference"]["r_hat_max"] < 1.01
+    assert set(result["targets"]) == {"glmm_baseball", "scaling_slope"}
+    assert all(
+        isinstance(t["met"], bool) for t in result["targets"]["glmm_baseball"].values()
+    )
+    rows = result["scaling"]["rows"]
+    assert [r["T"] for r in rows] == [500, 1000] and all(r["run_s"] > 0 for r in rows)
+    assert np.isfinite(result["scaling"]["log_log_slope"])
+    for name in ("accuracy", "speed"):
+        assert (tmp_path / f"latent_gaussian_{name}.png").stat().st_size > 10_000
+
+    # --refs writes the stored references' format (same keys at every level).
+    module = load("latent_gaussian")
+    problem = module.glmm_problem()
+    stored = module.read_reference(problem.name)
+    rng = np.random.default_rng(0)
+    theta = rng.normal(size=(2, 50, 3))
+    f = rng.normal(size=(2, 50, problem.num_latent))
+    info = {k: stored[k] for k in ("settings", "wall_s", "commit", "num_divergent")}
+    record = module.reference_record(problem, theta, f, dict(info, mean_num_steps=7.0))
+
+    def keys(d):
+        return {k: keys(v) if isinstance(v, dict) else None for k, v in d.items()}
+
+    assert keys(record) == keys(stored)
+    assert record["params"]["beta0"]["mean"] == pytest.approx(theta[..., 0].mean())
+    assert len(record["f"]["mean"]) == problem.num_latent
