@@ -27,7 +27,7 @@ import numpy as np
 
 from jaxvb import _process, _progress, _static, diagnostics, kernel
 from jaxvb._algebra import finite_rows, masked_sum, where_tree
-from jaxvb._laplace import laplace
+from jaxvb._laplace import _laplace, default_tol, laplace
 from jaxvb._result import (  # noqa: F401  (re-exported for jaxvb._fit's old users)
     ERRORS,
     FitError,
@@ -165,6 +165,10 @@ def fit(
       [4.0, 2.0]
     """
     _process.guard_maps()
+    if on_failure not in ("raise", "warn", "ignore"):
+        raise ValueError(
+            f"on_failure must be 'raise', 'warn' or 'ignore', got {on_failure!r}"
+        )
     laplace_failed = None
     if isinstance(q0, (jax.Array, np.ndarray, list, tuple)):
         x0 = jnp.asarray(q0)
@@ -179,7 +183,11 @@ def fit(
             laplace_failed = ~ok
         else:
             _check_log_joint(log_joint, jax.ShapeDtypeStruct(x0.shape, x0.dtype))
-            q0, info = laplace(log_joint, x0, return_info=True)
+            if on_failure == "raise":  # laplace raises, naming the cause
+                q0, info = laplace(log_joint, x0, return_info=True)
+            else:  # the fit goes on, flagged LAPLACE_FAILED
+                x0 = x0.astype(jnp.result_type(x0.dtype, float))
+                q0, info = _laplace(log_joint, x0, default_tol(x0.dtype), max_iter=200)
             laplace_failed = ~(info.converged & info.negative_definite)
     if not isinstance(q0, Family):
         raise TypeError(
@@ -193,10 +201,6 @@ def fit(
         raise ValueError(f"max_backtracks must be an integer >= 0, got {max_backtracks!r}")
     if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
         raise ValueError(f"num_draws must be a positive integer, got {num_draws!r}")
-    if on_failure not in ("raise", "warn", "ignore"):
-        raise ValueError(
-            f"on_failure must be 'raise', 'warn' or 'ignore', got {on_failure!r}"
-        )
     per_step = num_draws * (2 if antithetic else 1)
     averaged = (num_steps - num_steps // 2) * per_step
     needed = m.min_draws(q0)

@@ -144,9 +144,10 @@ def _newton_step(precision, grad, damping):
     return d, predicted, decrement
 
 
-def _find_mode(log_joint, x0, max_iter, tol):
-    """Damped Newton from ``x0``: one ``value_grad_hessian`` per iteration."""
-    vgh = value_grad_hessian(log_joint)
+def _find_mode(log_joint, x0, max_iter, tol, vgh=None):
+    """Damped Newton from ``x0``: one ``value_grad_hessian`` per iteration (or one
+    call of ``vgh``, ``x -> (value, grad, hess)``, where given)."""
+    vgh = value_grad_hessian(log_joint) if vgh is None else vgh
     dtype = x0.dtype
     d = x0.shape[0]
     big = jnp.asarray(jnp.finfo(dtype).max, dtype)
@@ -315,9 +316,15 @@ def _laplace(log_joint, x0, tol, *, max_iter):
 # at the default level costs seconds and running it at level 0 is ~20% slower.
 @jit_once(static_argnames=("static", "max_iter"))
 def _laplace_compiled(arrays, static, x0, tol, *, max_iter):
-    log_joint = _static.combine(arrays, static)
+    return laplace_traced(_static.combine(arrays, static), x0, tol, max_iter=max_iter)
+
+
+def laplace_traced(log_joint, x0, tol, *, max_iter, vgh=None):
+    """``(Gaussian, LaplaceInfo)``, traced into the caller's program (no checks, no
+    raising); ``vgh`` replaces forward-over-reverse derivatives where given (e.g.
+    differences of the gradient, for a ``log_joint`` whose Hessian pass is costly)."""
     tol = jnp.asarray(tol, x0.dtype)
-    s = _find_mode(log_joint, x0, max_iter, tol)
+    s = _find_mode(log_joint, x0, max_iter, tol, vgh)
     chol, negative_definite = _precision_factor(s.precision)
     negative_definite = negative_definite & jnp.all(jnp.isfinite(s.precision))
     # The Gaussian keeps the precision's factor: no inverse. Where the Hessian is not

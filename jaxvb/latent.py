@@ -80,7 +80,7 @@ from jax.scipy.linalg import cho_solve, solve_triangular
 
 from jaxvb import _static, linalg
 from jaxvb._algebra import precision_factor, solve_precision
-from jaxvb._laplace import _laplace, default_tol
+from jaxvb._laplace import default_tol, laplace_traced
 from jaxvb._process import jit_once
 from jaxvb.families._base import Array, Family, build, register_dataclass, register_family
 from jaxvb.families.gaussian import Gaussian
@@ -221,6 +221,7 @@ class LatentGaussian:
     num_quadrature: int = dataclasses.field(default=20, metadata=_STATIC)
     log_lik_takes_theta: bool = dataclasses.field(default=False, metadata=_STATIC)
     num_hyper: int | None = dataclasses.field(default=None, metadata=_STATIC)
+    site_iterations: int = dataclasses.field(default=0, metadata=_STATIC)
 
     def __post_init__(self):
         for name in ("log_prior", "prior", "log_lik"):
@@ -360,6 +361,13 @@ class LatentGaussian:
             )
         if not jnp.issubdtype(theta0.dtype, jnp.floating):
             theta0 = theta0.astype(jnp.result_type(float))
+        if self.num_hyper is not None and theta0.shape[0] != self.num_hyper:
+            raise ValueError(
+                f"LatentGaussian: theta0 has {theta0.shape[0]} values but this model "
+                f"has num_hyper = {self.num_hyper} hyperparameters (it was bound by an "
+                "earlier start or fit). Start from the hyperparameters alone, theta0 of "
+                f"shape ({self.num_hyper},), not from a flat (theta, f) point"
+            )
         self.check(theta0)
         model = dataclasses.replace(self, num_hyper=int(theta0.shape[0]))
         arrays, static = _static.partition(model)
@@ -375,10 +383,26 @@ def _start(arrays, static, theta0):
 
     def round_(theta, _):
         a, b = _newton_sites(model, theta)
-        target = jax.tree_util.Partial(_target_value, model, a, b)
+        target = functools.partial(_target, model, a, b)
+
+        def vgh(th):
+            # Hessians by differences of the exact gradient, as in the iteration
+            # (forward over reverse through the factorisation's scans costs ~35
+            # gradients on XLA:CPU); steps relative to the point's size
+            value, grad, hess, _ = _value_grad_hessian_differences(
+                target, th, jnp.maximum(1.0, jnp.abs(th)), central=False
+            )
+            return value, grad, hess
+
         # the search itself (jaxvb.laplace raises where it fails; here a failure is
         # the fit's LAPLACE_FAILED flag)
-        theta_q, info = _laplace(target, theta, default_tol(theta.dtype), max_iter=200)
+        theta_q, info = laplace_traced(
+            lambda th: target(th)[0],
+            theta,
+            default_tol(theta.dtype),
+            max_iter=200,
+            vgh=vgh,
+        )
         return theta_q.mean, (theta_q, info)
 
     # two rounds as a loop: the sites' search and the mode search compile once
@@ -391,6 +415,7 @@ def _start(arrays, static, theta0):
         site_precision=a,
         site_shift=b,
         model=model,
+        theta_centre=theta_q.mean,
     )
     return q0, info.converged & info.negative_definite & q0.is_proper
 
@@ -406,9 +431,34 @@ def _conditional(model: LatentGaussian, a, b, theta):
     return mu, chol, ops, m, precision, c
 
 
+def _sites_at(model: LatentGaussian, a, b, theta):
+    """The sites of ``q(f | theta)`` at ``theta``: ``(a, b)`` after
+    ``model.site_iterations`` fixed-point iterations from them (held constant for
+    derivatives)."""
+    if not model.site_iterations:
+        return a, b
+
+    def body(_, ab):
+        a, b = ab
+        mu, chol, ops, *_ = _conditional(model, a, b, theta)
+        var = ops.marginal_var(chol)
+        _, d1, d2 = model.site_expectations(mu, var, theta)
+        new_a = -d2
+        new_b = d1 + new_a * mu
+        m, precision = model.prior_of_field(theta)
+        ok = ops.is_pd(ops.chol(ops.add_diag(precision, new_a)))
+        ok = ok & jnp.all(jnp.isfinite(new_a)) & jnp.all(jnp.isfinite(new_b))
+        return jnp.where(ok, new_a, a), jnp.where(ok, new_b, b)
+
+    theta = jax.lax.stop_gradient(theta)
+    a, b = jax.lax.fori_loop(0, model.site_iterations, body, (a, b))
+    return jax.lax.stop_gradient(a), jax.lax.stop_gradient(b)
+
+
 def _target(model: LatentGaussian, a, b, theta):
     """``L(theta)`` (the ELBO with ``f`` integrated out, given the sites) and, as aux,
-    the sites' statistics at ``theta``: ``(E grad, E hess, E f, chol, mean)``."""
+    ``q(f | theta)``'s ``(mean, marginal variances, factor of the precision)``."""
+    a, b = _sites_at(model, a, b, theta)
     mu, chol, ops, m, precision, c = _conditional(model, a, b, theta)
     var = ops.marginal_var(chol)
     log_z = (
@@ -420,15 +470,9 @@ def _target(model: LatentGaussian, a, b, theta):
     ell, _, _ = model.site_expectations(mu, var, theta)
     site_terms = jnp.sum(ell - b * mu + 0.5 * a * (mu * mu + var))
     value = model.prior_log_density(theta) + log_z + site_terms
-    # The sites' statistics need no derivative in theta: held constant, so the
-    # derivative passes skip them.
-    mu0, var0, theta0 = (jax.lax.stop_gradient(v) for v in (mu, var, theta))
-    _, d1, d2 = model.site_expectations(mu0, var0, theta0)
-    return value, (d1, d2, mu0, jax.lax.stop_gradient(chol))
-
-
-def _target_value(model, a, b, theta):
-    return _target(model, a, b, theta)[0]
+    # q(f | theta)'s marginals and factor, held constant: the sites' statistics are
+    # computed from them once, at the draw (not at the points of the differences)
+    return value, tuple(jax.lax.stop_gradient(v) for v in (mu, var, chol))
 
 
 def _newton_sites(model: LatentGaussian, theta, num_iter: int = 30):
@@ -469,6 +513,9 @@ class LatentGaussianApproximation(Family):
       site_precision: ``a``, shape ``(T,)``.
       site_shift: ``b``, shape ``(T,)``.
       model: the :class:`LatentGaussian` (its ``prior`` defines ``q(f | theta)``).
+      theta_centre: ``(k,)``, a fixed point near ``q(theta)`` (the start's mean), about
+        which the ``"regression"`` statistics are kept (no cancellation in
+        ``E[theta theta'] - E[theta] E[theta]'`` far from 0).
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxvb
@@ -486,6 +533,7 @@ class LatentGaussianApproximation(Family):
     site_precision: Array
     site_shift: Array
     model: LatentGaussian
+    theta_centre: Array
 
     @property
     def dtype(self):
@@ -506,9 +554,8 @@ class LatentGaussianApproximation(Family):
     def conditional(self, theta: Array):
         """``q(f | theta)`` as ``(mean, chol, ops)``: its mean and the Cholesky factor
         of its precision ``Q(theta) + diag(a)`` (dense or banded, per ``ops``)."""
-        mu, chol, ops, *_ = _conditional(
-            self.model, self.site_precision, self.site_shift, theta
-        )
+        a, b = _sites_at(self.model, self.site_precision, self.site_shift, theta)
+        mu, chol, ops, *_ = _conditional(self.model, a, b, theta)
         return mu, chol, ops
 
     @property
@@ -537,13 +584,9 @@ class LatentGaussianApproximation(Family):
 
     def log_prob(self, x: Array) -> Array:
         theta, f = self.unpack(x)
-        m, precision = self.model.prior_of_field(theta)
-        ops = _ops(precision)
-        p = ops.add_diag(precision, self.site_precision)
-        chol = ops.chol(p)
-        mu = ops.solve(
-            chol, ops.matvec(precision, jnp.asarray(m, x.dtype)) + self.site_shift
-        )
+        a, b = _sites_at(self.model, self.site_precision, self.site_shift, theta)
+        mu, chol, ops, _, precision, _ = _conditional(self.model, a, b, theta)
+        p = ops.add_diag(precision, a)
         d = f - mu
         log_q_f = 0.5 * (ops.logdet(chol) - d.shape[0] * _LOG_2PI) - 0.5 * jnp.dot(
             d, ops.matvec(p, d)
@@ -596,24 +639,26 @@ def latent_gaussian(hessian: str = "forward") -> Method:
       'latent_gaussian'
     """
 
-    if hessian not in ("forward", "central", "autodiff"):
+    if hessian not in ("forward", "central", "autodiff", "regression"):
         raise ValueError(
-            f"hessian must be 'forward', 'central' or 'autodiff', got {hessian!r}"
+            "hessian must be 'forward', 'central', 'autodiff' or 'regression', got "
+            f"{hessian!r}"
         )
+    regression = hessian == "regression"
 
     def init(key, q0, log_joint):
         del key, log_joint
         theta = q0.theta
         mu, _, _ = q0.conditional(theta.mean)
         a = q0.site_precision
-        return dict(
-            P=theta.precision,
-            g=jnp.zeros_like(theta.mean),
-            z=theta.mean,
-            A=a,
-            G=q0.site_shift - a * mu,
-            Z=mu,
-        )
+        sites = dict(A=a, G=q0.site_shift - a * mu, Z=mu)
+        if regression:
+            # q0's own pseudo-draws, about the fixed centre c (q0's mean): the gradient
+            # of its quadratic, -P0 (theta - m0), gives E[g d'] = -P0 cov0 = -I
+            z = theta.mean - q0.theta_centre
+            eye = jnp.eye(z.shape[0], dtype=z.dtype)
+            return dict(GX=-eye, XX=theta.cov + jnp.outer(z, z), g=0.0 * z, z=z, **sites)
+        return dict(P=theta.precision, g=jnp.zeros_like(theta.mean), z=theta.mean, **sites)
 
     def noise(key, q):
         return q.noise(key)
@@ -627,22 +672,41 @@ def latent_gaussian(hessian: str = "forward") -> Method:
         def target(th):
             return _target(model, q.site_precision, q.site_shift, th)
 
-        if hessian == "autodiff":
-            value, grad, hess, aux = _value_grad_hessian_aux(target)(theta)
+        if regression:
+            (value, aux), grad = jax.value_and_grad(target, has_aux=True)(theta)
+            d = theta - q.theta_centre
+            stats = dict(GX=jnp.outer(grad, d), XX=jnp.outer(d, d), g=grad, z=d)
         else:
-            sd = jnp.sqrt(jnp.diagonal(q.theta.cov))
-            value, grad, hess, aux = _value_grad_hessian_differences(
-                target, theta, sd, central=hessian == "central"
-            )
-        d1, d2, mu, chol = aux
+            if hessian == "autodiff":
+                value, grad, hess, aux = _value_grad_hessian_aux(target)(theta)
+            else:
+                sd = jnp.sqrt(jnp.diagonal(q.theta.cov))
+                value, grad, hess, aux = _value_grad_hessian_differences(
+                    target, theta, sd, central=hessian == "central"
+                )
+            stats = dict(P=-hess, g=grad, z=theta)
+        mu, var, chol = aux
+        _, d1, d2 = model.site_expectations(mu, var, theta)
         f = mu + _ops(model.prior_of_field(theta)[1]).back(chol, z_f)
-        stats = dict(P=-hess, g=grad, z=theta, A=-d2, G=d1, Z=mu)
+        stats.update(A=-d2, G=d1, Z=mu)
         return stats, jnp.concatenate([theta, f]), value
 
     def solve(stats, q, log_joint):
         del log_joint
-        factor = precision_factor(0.5 * (stats["P"] + stats["P"].T))
-        mean = stats["z"] + solve_precision(factor, stats["g"])
+        if regression:
+            # the averaged gradients' least-squares fit g ~ g_bar + B (d - d_bar): the
+            # precision is -B (symmetrised), the mean where the fit is zero
+            z = stats["z"]
+            cov = stats["XX"] - jnp.outer(z, z)
+            cross = stats["GX"] - jnp.outer(stats["g"], z)
+            b = jnp.linalg.solve(cov, cross.T).T
+            precision = -0.5 * (b + b.T)
+            centre = q.theta_centre + z
+        else:
+            precision = 0.5 * (stats["P"] + stats["P"].T)
+            centre = stats["z"]
+        factor = precision_factor(precision)
+        mean = centre + solve_precision(factor, stats["g"])
         theta = build(Gaussian, mean=mean, precision_factor=factor)
         return build(
             LatentGaussianApproximation,
@@ -650,6 +714,7 @@ def latent_gaussian(hessian: str = "forward") -> Method:
             site_precision=stats["A"],
             site_shift=stats["G"] + stats["A"] * stats["Z"],
             model=q.model,
+            theta_centre=q.theta_centre,
         )
 
     return Method(

@@ -82,10 +82,47 @@ def test_hessian_by_autodiff_is_exact_too():
     mean, var, _ = _exact()
     np.testing.assert_allclose(res.q.theta.mean, [mean], rtol=1e-10)
     np.testing.assert_allclose(res.q.theta.cov, [[var]], rtol=1e-10)
-    with pytest.raises(
-        ValueError, match="hessian must be 'forward', 'central' or 'autodiff'"
-    ):
+    with pytest.raises(ValueError, match="hessian must be 'forward', 'central', 'autod"):
         jaxvb.latent.latent_gaussian(hessian="exact")
+
+
+TREND = jnp.linspace(0.0, 1.0, T)
+
+
+def _trend_model():
+    """Two hyperparameters: the prior mean ``theta_0 + theta_1 t`` (still conjugate)."""
+    band = _ar1_band()
+    return jaxvb.LatentGaussian(
+        log_prior=lambda th: -0.5 * jnp.sum(th**2) / PRIOR_VAR_THETA,
+        prior=lambda th: (th[0] + th[1] * TREND, Banded(band)),
+        log_lik=lambda f, y: -0.5 * (y - f) ** 2 / NOISE_VAR,
+        data=Y,
+    )
+
+
+@pytest.mark.parametrize(
+    "hessian, rtol",
+    [
+        ("regression", 1e-12),
+        ("forward", 1e-7),
+        pytest.param("central", 1e-9, marks=pytest.mark.slow),
+        pytest.param("autodiff", 1e-12, marks=pytest.mark.slow),
+    ],
+)
+def test_two_hyperparameters_are_exact_for_every_hessian(hessian, rtol):
+    """``p(theta | y)`` Gaussian: exact for each way of forming the precision of
+    ``q(theta)``; ``"regression"`` (the paper's gradient regression, one gradient per
+    draw) is exact to round-off, because every draw's gradient is exactly linear."""
+    design = np.stack([np.ones(T), np.asarray(TREND)], axis=1)
+    cov_y = np.linalg.inv(np.asarray(to_dense(_ar1_band()))) + NOISE_VAR * np.eye(T)
+    ci = np.linalg.inv(cov_y)
+    precision = np.eye(2) / PRIOR_VAR_THETA + design.T @ ci @ design
+    mean = np.linalg.solve(precision, design.T @ ci @ np.asarray(Y))
+    method = jaxvb.latent.latent_gaussian(hessian=hessian)
+    res = jaxvb.fit(_trend_model(), jnp.zeros(2), KEY, num_steps=30, method=method)
+    assert int(res.status) == 0
+    np.testing.assert_allclose(res.q.theta.mean, mean, rtol=rtol)
+    np.testing.assert_allclose(res.q.theta.precision, precision, rtol=rtol)
 
 
 @pytest.mark.slow
@@ -192,6 +229,10 @@ def test_bad_models_get_clear_errors():
         jaxvb.LatentGaussian(good.log_prior, good.prior, None, Y)
     with pytest.raises(ValueError, match="number of hyperparameters is not known"):
         good(jnp.zeros(T + 1))
+    # a bound model (from a fit or start) started from a flat (theta, f) point
+    bound, q0, _ = good.start(jnp.zeros(1))
+    with pytest.raises(ValueError, match="theta0 has 9 values but this model has"):
+        jaxvb.fit(bound, jnp.zeros(T + 1), KEY, num_steps=10)
 
 
 def test_a_prior_precision_that_is_not_positive_definite_is_flagged():
