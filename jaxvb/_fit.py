@@ -201,6 +201,11 @@ def fit(
         raise ValueError(f"max_backtracks must be an integer >= 0, got {max_backtracks!r}")
     if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
         raise ValueError(f"num_draws must be a positive integer, got {num_draws!r}")
+    if not isinstance(num_eval_draws, (int, np.integer)) or num_eval_draws < 2:
+        raise ValueError(
+            "num_eval_draws (draws of q for the diagnostics) must be an integer >= 2: a "
+            f"variance needs two draws; got {num_eval_draws!r}"
+        )
     per_step = num_draws * (2 if antithetic else 1)
     averaged = (num_steps - num_steps // 2) * per_step
     needed = m.min_draws(q0)

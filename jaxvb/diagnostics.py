@@ -80,7 +80,8 @@ def evaluate(
 
     Returns:
       :class:`Diagnostics`. Draws where ``log_joint`` is not finite are left out of the
-      averages and counted in ``num_nonfinite``.
+      averages and counted in ``num_nonfinite``; with fewer than two finite draws
+      every measure is NaN.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxvb
@@ -110,13 +111,20 @@ def evaluate(
     s2 = var(r)
     var_p = var(log_p)
     tiny = jnp.finfo(q.dtype).tiny
+    # Fewer than two finite draws: no estimate at all, so NaN (not an ELBO of 0 and an
+    # R^2 of 1 that read as a perfect fit under jit/vmap); num_nonfinite says why.
+    na = jnp.asarray(jnp.nan, q.dtype)
+
+    def known(v):
+        return jnp.where(n >= 2, v, na)
+
     return Diagnostics(
-        elbo=elbo,
-        elbo_stderr=jnp.sqrt(s2 / nn),
-        residual_variance=s2,
-        kl=0.5 * s2,
-        log_evidence=elbo + 0.5 * s2,
-        r_squared=1.0 - s2 / jnp.maximum(var_p, tiny),
+        elbo=known(elbo),
+        elbo_stderr=known(jnp.sqrt(s2 / nn)),
+        residual_variance=known(s2),
+        kl=known(0.5 * s2),
+        log_evidence=known(elbo + 0.5 * s2),
+        r_squared=known(1.0 - s2 / jnp.maximum(var_p, tiny)),
         num_nonfinite=num_draws - n,
     )
 

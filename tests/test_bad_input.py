@@ -73,6 +73,22 @@ def test_nonfinite_log_density_is_flagged_under_jit_and_vmap():
         assert np.all(np.isfinite(leaf))  # flagged, never NaN
 
 
+def test_a_log_density_nonfinite_everywhere_reports_no_diagnostics():
+    """Issue 16, reproducer 5: NaN at every draw is flagged, and the diagnostics are
+    NaN (not an ELBO of 0 and an R^2 of 1, a perfect fit to a reader), also under
+    jit and vmap."""
+    nowhere = lambda x: jnp.nan * jnp.sum(x)  # noqa: E731
+    run = jax.jit(
+        jax.vmap(lambda k: jaxvb.fit(nowhere, Q0, k, num_steps=10, num_eval_draws=20))
+    )
+    res = run(jax.random.split(KEY, 2))
+    assert np.all(np.asarray(res.status) & int(jaxvb.Status.NONFINITE_LOG_DENSITY))
+    for name in ("elbo", "log_evidence", "kl", "r_squared"):
+        assert np.all(np.isnan(np.asarray(getattr(res, name)))), name
+    with pytest.raises(ValueError, match="num_eval_draws .* must be an integer >= 2"):
+        jaxvb.fit(good, Q0, KEY, num_steps=10, num_eval_draws=1)
+
+
 def nan_sometimes(x):
     return jnp.where(x[0] > 1.5, jnp.nan, good(x))
 
