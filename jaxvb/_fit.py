@@ -27,7 +27,7 @@ import numpy as np
 
 from jaxvb import _process, _progress, _static, diagnostics, kernel
 from jaxvb._algebra import finite_rows, masked_sum, where_tree
-from jaxvb._laplace import _laplace, default_tol, laplace
+from jaxvb._laplace import _laplace, default_tol, near_mode, raise_for, working_dtype
 from jaxvb._result import (  # noqa: F401  (re-exported for jaxvb._fit's old users)
     ERRORS,
     FitError,
@@ -42,7 +42,7 @@ from jaxvb.families._base import Family, is_concrete
 from jaxvb.methods import Method, resolve
 
 
-def _check_log_joint(log_joint, q0) -> None:
+def _check_log_joint(log_joint, q0):
     """``q0`` is a family or the ShapeDtypeStruct of a starting point."""
     if isinstance(q0, jax.ShapeDtypeStruct):
         x, what = q0, f"the starting point x0 of shape {q0.shape}"
@@ -68,6 +68,27 @@ def _check_log_joint(log_joint, q0) -> None:
             f"log_joint must return a floating-point scalar, got dtype {out.dtype}. "
             "Return the log density itself, not a count or a boolean."
         )
+    return out.dtype
+
+
+def _check_key(key) -> None:
+    """A JAX random key: a typed key (``jax.random.key``) or a raw ``uint32[2]`` one
+    (``jax.random.PRNGKey``)."""
+    dtype = getattr(key, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        if key.shape == ():
+            return
+    elif dtype == jnp.uint32 and getattr(key, "shape", None) == (2,):
+        return
+    raise TypeError(
+        "key must be one JAX random key, jax.random.key(seed), got "
+        + (
+            f"an array of dtype {dtype} and shape {key.shape}"
+            if dtype is not None
+            else type(key).__name__
+        )
+        + ". Under jax.vmap, map over jax.random.split(key, n)."
+    )
 
 
 def fit(
@@ -86,6 +107,7 @@ def fit(
     trace: bool = False,
     progress: int | Callable | _progress.Progress | None = None,
     on_failure: str = "raise",
+    laplace_tol: float | None = None,
 ) -> Result:
     r"""Fits ``q`` to the posterior ``p(x) ∝ exp(log_joint(x))`` by stochastic linear regression.
 
@@ -151,6 +173,9 @@ def fit(
       on_failure: what a flagged result does when ``fit`` runs outside ``jit``/``vmap``:
         ``"raise"`` (a :class:`FitError` carrying the result; warnings for milder
         flags), ``"warn"`` or ``"ignore"``. Under ``jit``/``vmap`` only the status flags.
+      laplace_tol: the Laplace start's ``tol`` (from a point ``x0``; see
+        :func:`jaxvb.laplace`); ``None``: by the coarser of ``x0``'s dtype and the
+        dtype ``log_joint`` returns (1e-3 for float32, 1e-6 for float64).
 
     Returns:
       :class:`Result` with ``.q``, ``.elbo``, ``.log_evidence``, ``.kl``, ``.r_squared``
@@ -169,6 +194,7 @@ def fit(
         raise ValueError(
             f"on_failure must be 'raise', 'warn' or 'ignore', got {on_failure!r}"
         )
+    _check_key(key)
     laplace_failed = None
     if isinstance(q0, (jax.Array, np.ndarray, list, tuple)):
         x0 = jnp.asarray(q0)
@@ -177,22 +203,40 @@ def fit(
                 f"q0 must be a jaxvb family or a starting point of shape (d,), got an "
                 f"array of shape {x0.shape}"
             )
+        if x0.shape[0] == 0:
+            raise ValueError(
+                "q0: the starting point has dimension 0; there is nothing to fit"
+            )
         start = getattr(log_joint, "start", None)
         if callable(start):  # a structured model builds its own start
             log_joint, q0, ok = start(x0)
             laplace_failed = ~ok
         else:
-            _check_log_joint(log_joint, jax.ShapeDtypeStruct(x0.shape, x0.dtype))
-            if on_failure == "raise":  # laplace raises, naming the cause
-                q0, info = laplace(log_joint, x0, return_info=True)
-            else:  # the fit goes on, flagged LAPLACE_FAILED
-                x0 = x0.astype(jnp.result_type(x0.dtype, float))
-                q0, info = _laplace(log_joint, x0, default_tol(x0.dtype), max_iter=200)
-            laplace_failed = ~(info.converged & info.negative_definite)
+            x0 = x0.astype(jnp.result_type(x0.dtype, float))
+            out = _check_log_joint(log_joint, jax.ShapeDtypeStruct(x0.shape, x0.dtype))
+            if laplace_tol is None:
+                laplace_tol = default_tol(working_dtype(x0.dtype, out))
+            q0, info = _laplace(log_joint, x0, laplace_tol, max_iter=200)
+            # a search stalled by log p's rounding within 0.01 sd of the mode is a
+            # good enough start
+            laplace_failed = ~near_mode(info)
+            if on_failure == "raise" and is_concrete(laplace_failed) and laplace_failed:
+                raise_for(info, q0, laplace_tol)  # names the cause
     if not isinstance(q0, Family):
         raise TypeError(
             f"q0 must be a jaxvb family such as jaxvb.Gaussian(mean, cov), or a starting "
             f"point x0, got {type(q0).__name__}"
+        )
+    if math.prod(q0.event_shape) == 0:
+        raise ValueError(
+            f"q0 = {type(q0).__name__} has event shape {q0.event_shape}, dimension 0; "
+            "there is nothing to fit"
+        )
+    if jnp.dtype(q0.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
+        raise TypeError(
+            f"q0 has dtype {jnp.dtype(q0.dtype).name}; jaxvb fits in float32 or float64 "
+            "(float16 and bfloat16 lose the regression statistics to round-off). Build "
+            "q0 from float32 or float64 arrays."
         )
     m = resolve(method, q0)
     if not isinstance(num_steps, (int, np.integer)) or num_steps < 2:
@@ -484,6 +528,7 @@ def _fit(
         r_squared=diag.r_squared,
         residual_variance=diag.residual_variance,
         elbo_stderr=diag.elbo_stderr,
+        khat=diag.khat,
         status=status.astype(jnp.int32),
         first_improper_step=state.first_improper_step,
         last_improper_step=state.last_improper_step,

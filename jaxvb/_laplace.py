@@ -159,6 +159,9 @@ def _find_mode(log_joint, x0, max_iter, tol, vgh=None):
 
     def body(s):
         value, grad, hess = vgh(s.trial)
+        # log p's own rounding: that of the dtype it is computed in (float32 data in a
+        # float64 session rounds it to float32)
+        eps = jnp.finfo(working_dtype(dtype, jnp.result_type(value))).eps
         value = jnp.asarray(value, dtype)
         precision = -0.5 * (hess + hess.T).astype(dtype)
         finite = (
@@ -171,7 +174,7 @@ def _find_mode(log_joint, x0, max_iter, tol, vgh=None):
         # Near the mode the promised gain falls below the rounding of log p (soon in
         # float32): a step that keeps log p within that rounding is taken, and the
         # gradient, not log p, says whether it helped.
-        rounding = 10.0 * jnp.finfo(dtype).eps * (1.0 + jnp.abs(s.value))
+        rounding = 10.0 * eps * (1.0 + jnp.abs(s.value))
         flat = (s.predicted <= rounding) & (gain >= -rounding)
         # The first iteration evaluates x0 itself (value -inf before it).
         accept = finite & ((s.num_iter == 0) | (ratio >= 1e-4) | flat)
@@ -231,6 +234,15 @@ def default_tol(dtype) -> float:
     return 1e-6 if jnp.finfo(dtype).bits >= 64 else 1e-3
 
 
+def working_dtype(x_dtype, out_dtype):
+    """The coarser of the point's dtype and ``log p``'s: a float64 ``x0`` with float32
+    data computes ``log p`` and its gradient in float32, whose rounding then bounds how
+    close to the mode the search can come (float32's tolerance applies)."""
+    if not jnp.issubdtype(out_dtype, jnp.floating):
+        return x_dtype
+    return out_dtype if jnp.finfo(out_dtype).bits < jnp.finfo(x_dtype).bits else x_dtype
+
+
 def laplace(
     log_joint: Callable[[jax.Array], jax.Array],
     x0: jax.Array,
@@ -256,7 +268,8 @@ def laplace(
       max_iter: iterations at most (each one evaluation of value, gradient, Hessian).
       tol: the mode is found when the gradient norm, or the Newton decrement (the
         distance to the mode in standard deviations of the approximation), falls
-        below this; ``None``: :func:`default_tol` of ``x0``'s dtype.
+        below this; ``None``: :func:`default_tol` of the coarser of ``x0``'s dtype and
+        the dtype ``log_joint`` returns (float32 data in a float64 session: 1e-3).
       return_info: also return a :class:`LaplaceInfo`.
 
     Returns:
@@ -278,33 +291,64 @@ def laplace(
     if x0.ndim != 1:
         raise ValueError(f"laplace: x0 must have shape (d,), got {x0.shape}")
     if tol is None:
-        tol = default_tol(x0.dtype)
+        out = jax.eval_shape(log_joint, jax.ShapeDtypeStruct(x0.shape, x0.dtype))
+        tol = default_tol(working_dtype(x0.dtype, getattr(out, "dtype", x0.dtype)))
     gaussian, info = _laplace(log_joint, x0, tol, max_iter=int(max_iter))
     if is_concrete(info.converged):
-        mode = np.asarray(gaussian.mean)
-        if not bool(info.converged):
-            also = (
-                ""
-                if bool(info.negative_definite)
-                else ", and the Hessian there is not negative definite"
-            )
-            raise ValueError(
-                f"laplace: the mode search did not converge: after {int(info.num_iter)} "
-                f"iterations ({int(info.num_newton)} steps taken) the gradient norm is "
-                f"{float(info.grad_norm):.3g} and the Newton decrement "
-                f"{float(info.newton_decrement):.3g} (tol {tol}){also}. Check that "
-                "log_joint has a finite maximum (a proper posterior), start closer to "
-                f"the mode, or increase max_iter. Point reached: {mode}"
-            )
-        if not bool(info.negative_definite):
-            raise ValueError(
-                "laplace: the Hessian of log_joint at the mode found is not negative "
-                "definite (a saddle point, a flat direction or an improper posterior), so "
-                "there is no Laplace approximation there. Check that the posterior is "
-                "proper (add a prior on unidentified parameters), or start fit from a "
-                f"jaxvb.Gaussian instead of a point. Mode found: {mode}"
-            )
+        raise_for(info, gaussian, tol)
     return (gaussian, info) if return_info else gaussian
+
+
+#: A search that stops this close to the mode (Newton decrement, in posterior sds)
+#: without reaching ``tol`` has stalled on the rounding of ``log p``; as a start for
+#: ``fit`` that is close enough.
+NEAR_MODE = 1e-2
+
+
+def near_mode(info) -> jax.Array:
+    """Whether the search ended at (or, stalled by rounding, within ``NEAR_MODE`` sds
+    of) a mode with a negative definite Hessian: good enough to start a fit."""
+    near = info.converged | (
+        jnp.isfinite(info.log_joint) & (info.newton_decrement <= NEAR_MODE)
+    )
+    return near & info.negative_definite
+
+
+def raise_for(info, gaussian, tol) -> None:
+    """Raises ``ValueError`` naming why a concrete search failed (nothing if it did
+    not)."""
+    mode = np.asarray(gaussian.mean)
+    decrement = float(info.newton_decrement)
+    if not bool(info.converged) and bool(near_mode(info)):
+        raise ValueError(
+            f"laplace: the mode search stopped {decrement:.3g} posterior sds from the "
+            f"mode (tol {tol}): the rounding of log_joint (float32 data or float32 "
+            "arithmetic inside it) hides the last steps' gains. Use a tol above that "
+            "(1e-3 is float32's default; jaxvb.fit(..., laplace_tol=1e-3)), or compute "
+            f"log_joint in float64. Point reached: {mode}"
+        )
+    if not bool(info.converged):
+        also = (
+            ""
+            if bool(info.negative_definite)
+            else ", and the Hessian there is not negative definite"
+        )
+        raise ValueError(
+            f"laplace: the mode search did not converge: after {int(info.num_iter)} "
+            f"iterations ({int(info.num_newton)} steps taken) the gradient norm is "
+            f"{float(info.grad_norm):.3g} and the Newton decrement "
+            f"{decrement:.3g} (tol {tol}){also}. Check that "
+            "log_joint has a finite maximum (a proper posterior), start closer to "
+            f"the mode, or increase max_iter. Point reached: {mode}"
+        )
+    if not bool(info.negative_definite):
+        raise ValueError(
+            "laplace: the Hessian of log_joint at the mode found is not negative "
+            "definite (a saddle point, a flat direction or an improper posterior), so "
+            "there is no Laplace approximation there. Check that the posterior is "
+            "proper (add a prior on unidentified parameters), or start fit from a "
+            f"jaxvb.Gaussian instead of a point. Mode found: {mode}"
+        )
 
 
 def _laplace(log_joint, x0, tol, *, max_iter):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
@@ -190,7 +191,21 @@ def _emitter(callback, num_steps):
 def _on_host(callback, num_steps, step, values):
     elbo, stderr, r2, status = (np.asarray(v) for v in values)
     info = ProgressInfo(int(np.asarray(step)), num_steps, elbo, stderr, r2, status)
-    (_print_line if callback is None else callback)(info)
+    if callback is None:
+        _print_line(info)
+        return
+    try:
+        callback(info)
+    except Exception as e:  # noqa: BLE001 - the fit must not be lost to a report
+        # An exception raised here would reach XLA as an INTERNAL error and lose the
+        # fit: it is reported as a warning and the fit goes on.
+        warnings.warn(
+            f"jaxvb.fit: the progress callback {getattr(callback, '__name__', callback)!r} "
+            f"raised {type(e).__name__}: {e} (at step {info.step}); the fit goes on and "
+            "its result is unaffected",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def _print_line(info: ProgressInfo, file=None) -> None:

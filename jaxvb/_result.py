@@ -90,6 +90,9 @@ class Result(NamedTuple):
       q: the fitted approximation, of the same family type as ``q0``.
       elbo, log_evidence, kl, r_squared, residual_variance, elbo_stderr: section 4's
         diagnostics (see :mod:`jaxvb.diagnostics`).
+      khat: the Pareto k-hat of the importance ratios ``p / q`` at the diagnostics'
+        draws (:func:`jaxvb.diagnostics.psis`); above 0.7 :func:`explain` says why it
+        matters (not a status flag: it is read with ``residual_variance``).
       status: ``int32`` bit flags, see :class:`Status`; ``0`` when all went well.
       first_improper_step, last_improper_step: the first and last steps whose update
         was improper (``-1`` if none).
@@ -123,6 +126,7 @@ class Result(NamedTuple):
     r_squared: jax.Array
     residual_variance: jax.Array
     elbo_stderr: jax.Array
+    khat: jax.Array
     status: jax.Array
     first_improper_step: jax.Array
     last_improper_step: jax.Array
@@ -212,8 +216,9 @@ def explain(result: Result) -> str:
       (e.g. use Gamma for a positive parameter, or transform it to the real line).
     """
     status = Status(int(np.asarray(result.status)))
+    tail = _khat_line(result)
     if status == Status.OK:
-        return "ok"
+        return "ok" if tail is None else f"ok, but {tail}"
     lines = []
     if Status.IMPROPER_RESULT in status:
         lines.append(
@@ -264,7 +269,40 @@ def explain(result: Result) -> str:
             "log_joint was not finite at some draws of the fitted q; the diagnostics "
             "leave them out. q puts mass where the model has none."
         )
+    if tail is not None:
+        lines.append(tail)
     return "; ".join(lines)
+
+
+#: Above this Pareto k-hat (Stan's threshold, Vehtari et al. 2024) importance sampling
+#: from ``q`` is unreliable.
+KHAT_THRESHOLD = 0.7
+#: Below this variance of the log ratios ``log p - log q`` (sd 0.01: weights within
+#: ~1% of each other) k-hat is not informative: an almost exact fit whose ratios
+#: differ by round-off can give any k-hat.
+KHAT_MIN_VARIANCE = 1e-4
+
+
+def _khat_line(result) -> str | None:
+    """The k-hat sentence of :func:`explain`, or ``None`` when k-hat is fine, unknown
+    or not informative."""
+    khat = getattr(result, "khat", None)
+    if khat is None or np.ndim(khat) != 0:
+        return None
+    khat = float(np.asarray(khat))
+    variance = float(np.asarray(getattr(result, "residual_variance", np.inf)))
+    if not math.isfinite(khat) or khat <= KHAT_THRESHOLD:
+        return None
+    if variance < KHAT_MIN_VARIANCE:
+        return None
+    return (
+        f"the Pareto k-hat of the importance ratios p/q over the diagnostics' draws is "
+        f"{khat:.2f} (above {KHAT_THRESHOLD}): q's tails are lighter than the "
+        "posterior's, or q misses part of its mass (another mode), so expectations under "
+        "q can be off and importance sampling from q (jaxvb.diagnostics.psis) is "
+        "unreliable. A richer family (jaxvb.GaussianMixture, a hierarchical "
+        "approximation) or a reparameterisation of the model may help."
+    )
 
 
 def check(

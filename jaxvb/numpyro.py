@@ -94,11 +94,33 @@ def _full_plates_quiet():
         yield
 
 
+def _no_sampler(site):
+    """A value for a latent site whose distribution cannot be sampled (an
+    ``ImproperUniform``, whose ``sample`` raises an empty ``NotImplementedError``): the
+    image of zeros on the unconstrained scale. ``None`` (draw as usual) otherwise."""
+    if site["type"] != "sample" or site["is_observed"]:
+        return None
+    fn = site["fn"]
+    while hasattr(fn, "base_dist"):  # Independent, ExpandedDistribution, masked
+        if isinstance(fn, dist.ImproperUniform):
+            break
+        fn = fn.base_dist
+    if not isinstance(fn, dist.ImproperUniform):
+        return None
+    outer = site["fn"]
+    shape = tuple(site["kwargs"].get("sample_shape", ())) + tuple(outer.shape())
+    transform = biject_to(outer.support)
+    return transform(jnp.zeros(transform.inverse_shape(shape)))
+
+
 def _trace(model, args, kwargs):
     # The values drawn here are discarded: only the sites' names, shapes, supports and
     # plates are read, so this fixed seed reaches no result.
     with _full_plates_quiet():
-        return handlers.trace(handlers.seed(model, rng_seed=0)).get_trace(*args, **kwargs)
+        seeded = handlers.substitute(
+            handlers.seed(model, rng_seed=0), substitute_fn=_no_sampler
+        )
+        return handlers.trace(seeded).get_trace(*args, **kwargs)
 
 
 def _abstract_trace(model, args, kwargs):

@@ -89,6 +89,44 @@ def test_a_log_density_nonfinite_everywhere_reports_no_diagnostics():
         jaxvb.fit(good, Q0, KEY, num_steps=10, num_eval_draws=1)
 
 
+def test_keys_and_empty_models_get_clear_errors():
+    """Issue 16, reproducer 10: wrong key types and dimension 0 are named up front (not
+    a raw JAX error, not a ZeroDivisionError after the whole fit)."""
+    with pytest.raises(TypeError, match=r"key must be one JAX random key.*got int"):
+        jaxvb.fit(good, Q0, 0, num_steps=10)
+    keys = jax.random.split(KEY, 2)
+    with pytest.raises(TypeError, match=r"shape \(2,\). Under jax.vmap, map over"):
+        jaxvb.fit(good, Q0, keys, num_steps=10)
+    assert int(jaxvb.fit(good, Q0, jax.random.PRNGKey(0), num_steps=10).status) == 0
+    with pytest.raises(ValueError, match="dimension 0; there is nothing to fit"):
+        jaxvb.fit(good, jnp.zeros(0), KEY, num_steps=10)
+    with pytest.raises(ValueError, match="dimension 0; there is nothing to fit"):
+        jaxvb.fit(good, jaxvb.Gaussian(jnp.zeros(0), jnp.eye(0)), KEY, num_steps=10)
+
+
+def test_float32_data_in_a_float64_session_starts_from_laplace():
+    """Issue 16, reproducer 3: a logistic regression with N = 20,000 float32 rows, started
+    from float64 zeros. log p is rounded to float32 (~1e-3 at -9500), so the search's
+    last gains are below its rounding: it stalled (tol 1e-6, "increase max_iter"). Now
+    a search stalled within 0.01 sd of the mode starts the fit, and laplace's message
+    names the rounding."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(20_000, 5)).astype(np.float32)
+    beta = np.array([0.5, -1.0, 0.25, 0.0, 1.5], np.float32)
+    y = (rng.uniform(size=20_000) < 1 / (1 + np.exp(-x @ beta))).astype(np.float32)
+    x, y = jnp.asarray(x), jnp.asarray(y)
+
+    def logistic(b):
+        eta = x @ b.astype(jnp.float32)
+        return jnp.sum(y * eta - jnp.logaddexp(0.0, eta)) - 0.005 * jnp.sum(b**2)
+
+    res = jaxvb.fit(logistic, jnp.zeros(5), KEY, num_steps=200)
+    assert int(res.status) == 0
+    np.testing.assert_allclose(res.q.mean, beta, atol=4 * float(jnp.max(res.q.cov) ** 0.5))
+    with pytest.raises(ValueError, match="the rounding of log_joint .float32 data"):
+        jaxvb.laplace(logistic, jnp.zeros(5), tol=1e-6)
+
+
 def nan_sometimes(x):
     return jnp.where(x[0] > 1.5, jnp.nan, good(x))
 

@@ -290,6 +290,24 @@ def test_discrete_latent_site_is_a_clear_error():
         jaxvb.numpyro.log_joint(enumerated, jnp.array(1.0))
 
 
+def test_improper_uniform_priors_are_fitted():
+    """Issue 16, reproducer 10: ImproperUniform priors (flat, on a constrained support
+    too) were refused with an empty NotImplementedError. With p(mu, s) flat, mu's
+    posterior is symmetric about the sample mean, so the fitted q's mean is there."""
+
+    def flat(y):
+        mu = numpyro.sample("mu", dist.ImproperUniform(dist.constraints.real, (), ()))
+        s = numpyro.sample("s", dist.ImproperUniform(dist.constraints.positive, (), ()))
+        numpyro.sample("y", dist.Normal(mu, s), obs=y)
+
+    y = jnp.array([0.3, -0.5, 1.2, 0.8, 2.0, 1.1, 0.4, 1.5])
+    res = jaxvb.numpyro.fit(flat, jax.random.key(0), y, num_steps=400)
+    assert int(res.status) == 0
+    mu = res.log_joint.constrain(res.q.mean)["mu"]
+    sd = float(jnp.sqrt(res.q.cov[0, 0]))
+    assert abs(float(mu) - float(y.mean())) < 0.05 * sd
+
+
 def test_other_bad_models_are_clear_errors():
     def all_observed(y):
         numpyro.sample("y", dist.Normal(0.0, 1.0), obs=y)

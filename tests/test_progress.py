@@ -106,6 +106,19 @@ def test_callable_gets_records_under_jit_with_honest_estimates():
     assert_identical(res, jaxvb.fit(gaussian_target, Q0, KEY, num_steps=200))
 
 
+def test_a_callback_that_raises_is_a_warning_and_the_fit_is_kept():
+    """Issue 16, reproducer 10: an exception in the callback reached XLA as an INTERNAL
+    error and the fit was lost."""
+
+    def broken(info):
+        raise KeyError("oops")
+
+    with pytest.warns(RuntimeWarning, match=r"callback 'broken' raised KeyError"):
+        res = jaxvb.fit(gaussian_target, Q0, KEY, num_steps=200, progress=broken)
+        jax.effects_barrier()
+    assert_identical(res, jaxvb.fit(gaussian_target, Q0, KEY, num_steps=200))
+
+
 @pytest.mark.slow
 def test_vmap_reports_once_per_step_with_batch_arrays():
     keys = jax.random.split(KEY, 3)

@@ -1,0 +1,65 @@
+"""Pareto-smoothed importance sampling: jaxvb.diagnostics.psis against ArviZ's psislw,
+and k-hat in every fit's result (issue 16)."""
+
+import arviz as az
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxvb
+from jaxvb.diagnostics import psis, psis_expectation
+
+RNG = np.random.default_rng(0)
+CASES = {
+    "light tail": -0.1 * RNG.normal(size=1000) ** 2,
+    "student-t 3": 1.5 * np.log(np.abs(RNG.standard_t(3, size=1000))),
+    "cauchy": 0.3 * RNG.standard_cauchy(1000),
+    "log-normal, n = 4000": 1.5 * RNG.normal(size=4000),
+    "ties and a -inf": np.concatenate([np.zeros(50), [-np.inf], RNG.normal(size=949)]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_psis_equals_arviz_psislw(name):
+    log_r = CASES[name]
+    ours = psis(jnp.asarray(log_r))
+    theirs, khat = az.psislw(log_r.copy(), reff=1.0)
+    assert float(ours.khat) == pytest.approx(float(khat), rel=1e-10, abs=1e-12)
+    np.testing.assert_allclose(np.asarray(ours.log_weights), theirs, rtol=1e-10, atol=1e-12)
+
+
+def test_psis_under_vmap_equals_the_loop():
+    batch = jnp.asarray(np.stack([CASES["student-t 3"], CASES["cauchy"]]))
+    out = jax.vmap(psis)(batch)
+    for i in range(2):
+        one = psis(batch[i])
+        assert float(out.khat[i]) == pytest.approx(float(one.khat), rel=1e-12)
+
+
+def test_corrected_expectation_recovers_the_target_mean():
+    """q = N(0, 1.5^2), p = N(1, 1): the smoothed estimate of E_p[x] within 4 of its
+    Monte Carlo standard errors (~0.02 with 4000 draws, ESS ~ 2900)."""
+    x = 1.5 * jax.random.normal(jax.random.key(3), (4000,))
+    out = psis(-0.5 * (x - 1.0) ** 2 + 0.5 * (x / 1.5) ** 2)
+    assert float(out.khat) < 0.5
+    assert float(psis_expectation(x, out.log_weights)) == pytest.approx(1.0, abs=0.08)
+
+
+def test_every_fit_reports_khat_and_explain_reads_it():
+    """A Gaussian fitted to a Student-t with 2 degrees of freedom ends with status 0 and
+    R^2 0.89, but the ratios p/q have a heavy tail: k-hat above 0.7, and explain says so.
+    An exact fit's k-hat is not read (its log ratios are constant)."""
+
+    def student_t2(x):
+        return -1.5 * jnp.sum(jnp.log1p(x**2 / 2.0))
+
+    q0 = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
+    res = jaxvb.fit(student_t2, q0, jax.random.key(0), num_steps=200)
+    assert int(res.status) == 0 and float(res.khat) > 0.7
+    assert jaxvb.explain(res).startswith("ok, but the Pareto k-hat")
+
+    exact = jaxvb.fit(
+        lambda x: -0.5 * jnp.sum((x - 1.0) ** 2), q0, jax.random.key(0), num_steps=20
+    )
+    assert np.ndim(exact.khat) == 0 and jaxvb.explain(exact) == "ok"
