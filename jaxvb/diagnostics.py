@@ -179,6 +179,15 @@ class PSIS(NamedTuple):
         shape; ``-inf`` where the input was not finite.
       khat: the fitted generalized Pareto shape of the ratios' right tail; NaN when
         there are too few finite ratios (fewer than 5 in the tail).
+
+    Example:
+      Heavy-tailed ratios (a Cauchy's log ratios against a Gaussian's draws):
+
+      >>> import jax, jaxvb
+      >>> x = jax.random.normal(jax.random.key(0), (2000,))
+      >>> out = jaxvb.diagnostics.psis(0.5 * x**2 - jax.numpy.log1p(x**2))
+      >>> out.log_weights.shape, bool(out.khat > 0.0)
+      ((2000,), True)
     """
 
     log_weights: jax.Array

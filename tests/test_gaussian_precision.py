@@ -220,8 +220,11 @@ def test_chunked_diagnostics_equal_unchunked(num_draws):
     np.testing.assert_allclose(whole.elbo, jnp.mean(r), rtol=1e-13)
     for chunk in (1, 7, 50, 100, num_draws - 1):
         part = jaxvb.diagnostics.evaluate(key, q, log_joint, num_draws, chunk_size=chunk)
-        for a, b in zip(part, whole, strict=True):
-            np.testing.assert_array_equal(a, b)
+        for name, a, b in zip(part._fields, part, whole, strict=True):
+            if name == "khat":  # sorted and fitted in another program: the last bit
+                np.testing.assert_allclose(a, b, rtol=1e-13)
+            else:
+                np.testing.assert_array_equal(a, b)
     gamma = jaxvb.Gamma(jnp.array([2.0, 3.0]), jnp.array([1.0, 0.5]))
     target = jaxvb.Gamma(jnp.array([2.5, 3.0]), jnp.array([1.0, 0.7])).log_prob
     a = jaxvb.diagnostics.evaluate(key, gamma, target, num_draws, chunk_size=num_draws)
