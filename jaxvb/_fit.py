@@ -27,6 +27,7 @@ import numpy as np
 
 from jaxvb import _process, _progress, _static, diagnostics, kernel
 from jaxvb._algebra import finite_rows, masked_sum, where_tree
+from jaxvb._indices import out_of_bounds_reads
 from jaxvb._laplace import _laplace, default_tol, near_mode, raise_for, working_dtype
 from jaxvb._result import (  # noqa: F401  (re-exported for jaxvb._fit's old users)
     ERRORS,
@@ -50,7 +51,7 @@ def _check_log_joint(log_joint, q0):
         x = jax.ShapeDtypeStruct(q0.event_shape, q0.dtype)
         what = f"q0 = {type(q0).__name__} with event shape {q0.event_shape}"
     try:
-        out = jax.eval_shape(log_joint, x)
+        closed, out = jax.make_jaxpr(log_joint, return_shape=True)(x)
     except Exception as e:
         raise ValueError(
             f"log_joint failed on a draw of shape {x.shape} ({x.dtype}) from {what}: {e}. "
@@ -58,6 +59,14 @@ def _check_log_joint(log_joint, q0):
         ) from e
     if not isinstance(out, jax.ShapeDtypeStruct):
         raise TypeError(f"log_joint must return one array, got {type(out).__name__}")
+    reads = out_of_bounds_reads(closed)
+    if reads:
+        raise ValueError(
+            f"log_joint reads outside an array at a draw of shape {x.shape} from {what}: "
+            f"{'; '.join(reads[:3])}. JAX clamps such an index (x[1] of a one-element x "
+            "reads x[0]) instead of raising, so the fit would be of another model. Does "
+            "q0 have the dimension log_joint expects?"
+        )
     if out.shape != ():
         raise ValueError(
             f"log_joint must return a scalar, got shape {out.shape}. Sum the terms of the "

@@ -127,6 +127,36 @@ def test_float32_data_in_a_float64_session_starts_from_laplace():
         jaxvb.laplace(logistic, jnp.zeros(5), tol=1e-6)
 
 
+def test_a_q0_with_fewer_dimensions_than_the_model_reads_is_an_error():
+    """Issue 16, reproducer 2: log_joint reads x[0] and x[1] but q0 is 1-D. JAX clamps
+    x[1] to x[0] and the fit was of another model, with status 0. Constant indices
+    (ints, negative ints, constant index arrays, inside a jit) are checked against the
+    shapes they read; jnp.take's explicit clip mode is left alone."""
+
+    def two(x):
+        return -0.5 * (x[0] ** 2 + (x[1] - 1.0) ** 2)
+
+    one_d = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
+    for q0 in (one_d, jnp.zeros(1)):
+        with pytest.raises(ValueError, match=r"reads outside an array .* index 1 along"):
+            jaxvb.fit(two, q0, KEY, num_steps=50)
+    for bad in (
+        lambda x: -0.5 * jnp.sum(x[jnp.array([0, 2])] ** 2),
+        lambda x: -0.5 * x[-3] ** 2,
+        lambda x: jax.jit(lambda z: -0.5 * z[2] ** 2)(x),
+    ):
+        with pytest.raises(ValueError, match="reads outside an array"):
+            jaxvb.fit(bad, Q0, KEY, num_steps=50)
+
+    def clipped(x):
+        return good(x) + 0.0 * jnp.take(x, 5, mode="clip")
+
+    assert int(jaxvb.fit(clipped, Q0, KEY, num_steps=50).status) == 0
+    np.testing.assert_allclose(
+        jaxvb.fit(two, Q0, KEY, num_steps=50).q.mean, [0, 1], atol=1e-12
+    )
+
+
 def nan_sometimes(x):
     return jnp.where(x[0] > 1.5, jnp.nan, good(x))
 
