@@ -529,6 +529,7 @@ def _fit(
     status = status | jnp.where(
         diag.num_nonfinite > 0, int(Status.NONFINITE_DIAGNOSTICS), 0
     )
+    status = status | jnp.where(diag.r_squared < 0.0, int(Status.POOR_FIT), 0)
     return Result(
         q=q,
         elbo=diag.elbo,

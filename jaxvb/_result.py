@@ -48,6 +48,12 @@ class Status(enum.IntFlag):
     #: it stopped (typically a start far from the posterior); ``q`` should not be
     #: trusted.
     NOT_CONVERGED = 32
+    #: The diagnostics' R^2 is below 0: over draws of the fitted ``q``, ``log q``
+    #: explains none of the variation of ``log p`` (the residual varies more than
+    #: ``log p`` itself), so ``q`` is far from the posterior (too few steps for a
+    #: noisy estimate, or a posterior this family cannot follow); ``q`` should not be
+    #: trusted.
+    POOR_FIT = 64
 
 
 #: Flags that make a result untrustworthy (``Result.ok`` is False, ``fit`` raises).
@@ -56,6 +62,7 @@ ERRORS = (
     | Status.NONFINITE_LOG_DENSITY
     | Status.LAPLACE_FAILED
     | Status.NOT_CONVERGED
+    | Status.POOR_FIT
 )
 
 
@@ -263,6 +270,14 @@ def explain(result: Result) -> str:
             f"{moved}, so the iteration had not settled when it stopped. Start from a "
             "point x0 (fit(log_joint, x0, ...) starts from the Laplace approximation "
             "there), or increase num_steps."
+        )
+    if Status.POOR_FIT in status:
+        lines.append(
+            f"R^2 is {float(np.asarray(result.r_squared)):.3g}, below 0: over draws of q "
+            "the residual log p - log q varies more than log p itself, so q is far from "
+            "the posterior. Increase num_steps (or draws per step), start from a point "
+            "x0 (the Laplace approximation there), or use a family that can follow the "
+            "posterior."
         )
     if Status.NONFINITE_DIAGNOSTICS in status:
         lines.append(

@@ -157,6 +157,23 @@ def test_a_q0_with_fewer_dimensions_than_the_model_reads_is_an_error():
     )
 
 
+def test_a_negative_r_squared_is_flagged():
+    """Issue 16, reproducer 4: the README's minibatch Poisson fit with 100 steps instead
+    of 2000 (key 1: R^2 -0.15, status was 0) is flagged POOR_FIT, an error."""
+    y = jnp.array([3.0, 0.0, 5.0, 2.0, 4.0, 1.0])
+    mb = jaxvb.Minibatch(
+        lambda x: jnp.log(0.25) + jnp.log(x[0]) - 0.5 * x[0],
+        lambda x, y_i: y_i * jnp.log(x[0]) - x[0] - jax.scipy.special.gammaln(y_i + 1.0),
+        y,
+        batch_size=2,
+    )
+    q0 = jaxvb.Gamma(jnp.ones(1), jnp.ones(1))
+    with pytest.raises(jaxvb.FitError, match="R\\^2 is -0.148, below 0"):
+        jaxvb.fit(mb, q0, jax.random.key(1), num_steps=100)
+    res = jaxvb.fit(mb, q0, jax.random.key(1), num_steps=100, on_failure="ignore")
+    assert int(res.status) & int(jaxvb.Status.POOR_FIT) and not bool(res.ok)
+
+
 def nan_sometimes(x):
     return jnp.where(x[0] > 1.5, jnp.nan, good(x))
 
