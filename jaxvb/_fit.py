@@ -42,6 +42,10 @@ from jaxvb._result import (  # noqa: F401  (re-exported for jaxvb._fit's old use
 from jaxvb.families._base import Family, is_concrete
 from jaxvb.methods import Method, resolve
 
+#: Fewest finite diagnostic draws from which a negative R^2 is flagged POOR_FIT (the
+#: variances' relative standard error is then ~20% or less).
+MIN_POOR_FIT_DRAWS = 50
+
 
 def _check_log_joint(log_joint, q0):
     """``q0`` is a family or the ShapeDtypeStruct of a starting point."""
@@ -529,7 +533,10 @@ def _fit(
     status = status | jnp.where(
         diag.num_nonfinite > 0, int(Status.NONFINITE_DIAGNOSTICS), 0
     )
-    status = status | jnp.where(diag.r_squared < 0.0, int(Status.POOR_FIT), 0)
+    # R^2 from a handful of draws is noise (num_eval_draws=2 is how callers skip the
+    # diagnostics): judged from MIN_POOR_FIT_DRAWS finite draws or more
+    judged = (num_eval_draws - diag.num_nonfinite) >= MIN_POOR_FIT_DRAWS
+    status = status | jnp.where(judged & (diag.r_squared < 0.0), int(Status.POOR_FIT), 0)
     return Result(
         q=q,
         elbo=diag.elbo,

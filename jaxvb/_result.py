@@ -48,7 +48,8 @@ class Status(enum.IntFlag):
     #: it stopped (typically a start far from the posterior); ``q`` should not be
     #: trusted.
     NOT_CONVERGED = 32
-    #: The diagnostics' R^2 is below 0: over draws of the fitted ``q``, ``log q``
+    #: The diagnostics' R^2 is below 0 (judged from 50 finite draws or more): over
+    #: draws of the fitted ``q``, ``log q``
     #: explains none of the variation of ``log p`` (the residual varies more than
     #: ``log p`` itself), so ``q`` is far from the posterior (too few steps for a
     #: noisy estimate, or a posterior this family cannot follow); ``q`` should not be
