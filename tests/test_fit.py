@@ -116,7 +116,9 @@ CONJUGATE = {
 }
 
 
-@pytest.mark.parametrize("name", tiered(sorted(CONJUGATE), slow=["beta_binomial"]))
+@pytest.mark.parametrize(
+    "name", tiered(sorted(CONJUGATE), slow=["beta_binomial", "gamma_poisson"])
+)
 def test_conjugate_posterior_and_evidence_exact(name):
     model, q0 = CONJUGATE[name]
     res = jaxvb.fit(model.log_joint, q0, KEY, num_steps=100)

@@ -91,6 +91,7 @@ def wiggly(x):
     return -0.5 * x[0] ** 2 + 3.0 * jnp.cos(3.0 * x[0])
 
 
+@pytest.mark.slow
 def test_step_control_keeps_the_precision_positive_definite():
     q0 = jaxvb.Gaussian(jnp.array([1.05]), 0.05 * jnp.eye(1))  # where cos(3x) = -1
     res = jaxvb.fit(wiggly, q0, KEY, num_steps=400)

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import tiered
 
 import jaxvb
 from jaxvb.linalg import Banded, to_dense
@@ -60,7 +61,9 @@ def _exact(y=Y):
     return mean, 1.0 / prec, log_z
 
 
-@pytest.mark.parametrize("banded", [True, False], ids=["banded", "dense"])
+@pytest.mark.parametrize(
+    "banded", tiered([True, False], slow=[False]), ids=["banded", "dense"]
+)
 def test_conjugate_model_is_exact(banded):
     res = jaxvb.fit(_model(banded), jnp.zeros(1), KEY, num_steps=50)
     mean, var, log_z = _exact()
@@ -76,6 +79,7 @@ def test_conjugate_model_is_exact(banded):
     assert float(res.r_squared) == pytest.approx(1.0, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_hessian_by_autodiff_is_exact_too():
     method = jaxvb.latent.latent_gaussian(hessian="autodiff")
     res = jaxvb.fit(_model(False), jnp.zeros(1), KEY, num_steps=20, method=method)
@@ -104,7 +108,7 @@ def _trend_model():
     "hessian, rtol",
     [
         ("regression", 1e-12),
-        ("forward", 1e-7),
+        pytest.param("forward", 1e-7, marks=pytest.mark.slow),
         pytest.param("central", 1e-9, marks=pytest.mark.slow),
         pytest.param("autodiff", 1e-12, marks=pytest.mark.slow),
     ],
@@ -249,6 +253,7 @@ def test_a_prior_precision_that_is_not_positive_definite_is_flagged():
     assert not bool(res.ok)
 
 
+@pytest.mark.slow
 def test_a_student_t_likelihood_does_not_break_the_fit():
     """Sites that are not log-concave (Student-t with 3 dof, one outlier): the fit
     ends proper with finite diagnostics and discounts the outlier."""

@@ -128,6 +128,7 @@ def test_relabelled_components_give_the_same_fit():
     np.testing.assert_allclose(a.covs, b.covs, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_a_component_whose_weight_goes_to_zero_gives_no_nan():
     """A component started 40 sds away loses its weight at once; the fit carries on.
 
@@ -154,6 +155,7 @@ def test_a_component_whose_weight_goes_to_zero_gives_no_nan():
     np.testing.assert_allclose(res.q.means[0], TRUE.means[0], atol=1e-8)
 
 
+@pytest.mark.slow
 def test_one_component_is_algorithm_2():
     """K = 1: the same draws and the same updates as the Gaussian Hessian fit.
 

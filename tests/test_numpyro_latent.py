@@ -32,6 +32,7 @@ def conjugate(y):
         numpyro.sample("y", dist.Normal(f, math.sqrt(0.5)), obs=y)
 
 
+@pytest.mark.slow
 def test_conjugate_model_is_exact():
     """y_t ~ N(mu, 1 + 0.5) given mu ~ N(0, 4): mu | y is Gaussian, and so is q."""
     res = jaxvb.numpyro.fit(conjugate, KEY, Y, num_steps=30, latent="f", fit_kwargs=FIT)
@@ -84,6 +85,7 @@ def test_same_fit_as_the_latent_gaussian_by_hand():
     assert float(via.elbo) == pytest.approx(float(direct.elbo), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_compiles_once_per_model_structure():
     jaxvb.numpyro.fit(poisson_walk, KEY, COUNTS, num_steps=50, latent="f", fit_kwargs=FIT)
     new_counts, key = COUNTS + 1.0, jax.random.key(1)
