@@ -209,6 +209,7 @@ def fit(
         )
     _check_key(key)
     laplace_failed = None
+    checked = False  # log_joint traced and checked at q0's shape already
     if isinstance(q0, (jax.Array, np.ndarray, list, tuple)):
         x0 = jnp.asarray(q0)
         if x0.ndim != 1:
@@ -227,6 +228,7 @@ def fit(
         else:
             x0 = x0.astype(jnp.result_type(x0.dtype, float))
             out = _check_log_joint(log_joint, jax.ShapeDtypeStruct(x0.shape, x0.dtype))
+            checked = True  # the Laplace Gaussian has x0's shape and dtype
             if laplace_tol is None:
                 laplace_tol = default_tol(working_dtype(x0.dtype, out))
             q0, info = _laplace(log_joint, x0, laplace_tol, max_iter=200)
@@ -280,7 +282,8 @@ def fit(
         step_size = 1.0 / math.sqrt(num_steps)
     if is_concrete(step_size) and not 0.0 < float(step_size) <= 1.0:
         raise ValueError(f"step_size must lie in (0, 1], got {step_size}")
-    _check_log_joint(log_joint, q0)
+    if not checked:
+        _check_log_joint(log_joint, q0)
     if num_check_draws is None:
         # the check keeps its draws until the end: at most ~32 MB of them (a long
         # latent field, d ~ 10^6, gets 16 draws)

@@ -81,7 +81,7 @@ from jax.scipy.linalg import cho_solve, solve_triangular
 
 from jaxvb import _static, linalg
 from jaxvb._algebra import precision_factor, solve_precision
-from jaxvb._laplace import default_tol, laplace_traced
+from jaxvb._laplace import default_tol, laplace_traced, near_mode
 from jaxvb._process import jit_once
 from jaxvb.families._base import Array, Family, build, register_dataclass, register_family
 from jaxvb.families.gaussian import Gaussian
@@ -417,7 +417,7 @@ def _start(arrays, static, theta0):
         model=model,
         theta_centre=theta_q.mean,
     )
-    return q0, info.converged & info.negative_definite & q0.is_proper
+    return q0, near_mode(info) & q0.is_proper
 
 
 def _conditional(model: LatentGaussian, a, b, theta):
