@@ -52,13 +52,27 @@ def from_draws(
     dims: Mapping[str, Sequence[str]] | None = None,
     coords: Mapping[str, Any] | None = None,
     observed_data: Mapping[str, Any] | None = None,
+    posterior_predictive: Mapping[str, Any] | None = None,
+    log_likelihood: Mapping[str, Any] | None = None,
 ) -> Any:
-    """An ``InferenceData`` whose posterior group holds ``draws`` (leading axis: draws)."""
+    """An ``InferenceData`` whose posterior group holds ``draws`` (leading axis: draws).
+
+    ``posterior_predictive`` and ``log_likelihood`` (the same leading axis, one entry
+    per draw) become those groups, split into the same chains. ``dims`` applies to
+    every group; in ``log_likelihood`` a variable keeps only the names of its own axes
+    (a pointwise log-likelihood has its observed site's batch axes, not its event
+    axes), as ArviZ's ``from_numpyro`` does.
+    """
     az = _import_arviz()
     from jaxvb import __version__
 
+    def group(values):
+        return _split_chains(values, num_chains) if values else None
+
     return az.from_dict(
         posterior=_split_chains(draws, num_chains),
+        posterior_predictive=group(posterior_predictive),
+        log_likelihood=group(log_likelihood),
         observed_data=None
         if not observed_data
         else {k: np.asarray(v) for k, v in observed_data.items()},

@@ -50,8 +50,10 @@ try:
     import numpyro.distributions as dist
     from numpyro import handlers
     from numpyro.distributions.transforms import biject_to
-    from numpyro.infer import init_to_median
+    from numpyro.infer import Predictive, init_to_median
+    from numpyro.infer import log_likelihood as _numpyro_log_likelihood
     from numpyro.infer.util import constrain_fn, potential_energy, unconstrain_fn
+    from numpyro.primitives import Messenger
 except ImportError as e:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError(
         "jaxvb.numpyro needs NumPyro, which is not installed: pip install numpyro "
@@ -92,6 +94,33 @@ def _full_plates_quiet():
             "ignore", message="subsample_size does not match", category=UserWarning
         )
         yield
+
+
+class _AfterFit(Messenger):
+    """Runs a model for what comes after the fit, on all the data it is given.
+
+    Every plate that subsamples gets all its indices (``arange(size)`` of the size
+    it is called with, so new data of another length works too); with ``redraw``,
+    each observed site is drawn from its distribution instead of reading its ``obs``
+    (the replicated data of a posterior predictive). The ``numpyro.factor`` sites
+    met are recorded in ``factors``: they have no values to report.
+    """
+
+    def __init__(self, fn: Callable, redraw: bool):
+        self.redraw = redraw
+        self.factors: set[str] = set()
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        if msg["type"] == "plate":
+            size, subsample_size = msg["args"]
+            if subsample_size is not None and subsample_size != size:
+                msg["value"] = jnp.arange(size)
+        elif msg["type"] == "sample" and msg["is_observed"]:
+            if isinstance(msg["fn"], dist.Unit):
+                self.factors.add(msg["name"])
+            elif self.redraw:
+                msg["value"], msg["is_observed"] = None, False
 
 
 def _no_sampler(site):
@@ -148,9 +177,11 @@ def _is_latent(site) -> bool:
 
 
 def _plate_dims(site) -> list[str] | None:
-    """ArviZ dimension names of a sample site's value: its plates where they index it."""
+    """ArviZ dimension names of a sample or deterministic site's value: its plates
+    where they index it (a deterministic value has no event axes: a plate counts from
+    its last axis)."""
     shape = np.shape(site["value"])
-    event_ndim = len(site["fn"].event_shape)
+    event_ndim = len(site["fn"].event_shape) if site["type"] == "sample" else 0
     dims: list[str | None] = [None] * len(shape)
     for frame in site["cond_indep_stack"]:
         axis = len(shape) - event_ndim + frame.dim
@@ -308,7 +339,8 @@ class LogJoint:
         self._dims = {
             name: dims
             for name, site in trace.items()
-            if site["type"] == "sample" and (dims := _plate_dims(site)) is not None
+            if site["type"] in ("sample", "deterministic")
+            and (dims := _plate_dims(site)) is not None
         }
         values = {
             name: jax.ShapeDtypeStruct(jnp.shape(site["value"]), site["value"].dtype)
@@ -393,7 +425,8 @@ class LogJoint:
         return self.unconstrain({name: trace[name]["value"] for name in self.latent_shapes})
 
     def arviz_dims(self) -> dict[str, list[str]]:
-        """ArviZ dimension names per site: a plate's name on the axis it indexes.
+        """ArviZ dimension names per site (latent, deterministic and observed): a
+        plate's name on the axis it indexes.
 
         Left out where a plate's name is also the name of a site (ArviZ would take it
         for a coordinate variable).
@@ -404,8 +437,7 @@ class LogJoint:
         return {
             site: dims
             for site, dims in self._dims.items()
-            if not names.intersection(dims)
-            and (site in self.latent_shapes or site in self.observed)
+            if not names.intersection(dims) and site in names
         }
 
 
@@ -565,8 +597,19 @@ class NumPyroResult:
     Every attribute of :class:`jaxvb.Result` reads through (``q``, ``elbo``,
     ``log_evidence``, ``kl``, ``r_squared``, ``status``, ``ok``, ``message``, ...);
     ``q`` is a distribution over the unconstrained vector ``x`` of :class:`LogJoint`.
-    :meth:`sample` and :meth:`to_arviz` give draws on the model's own scale. A pytree
-    (the result is its leaf, the log joint static), so ``jax.jit`` can return it.
+    :meth:`sample` and :meth:`to_arviz` give draws on the model's own scale,
+    :meth:`predictive` posterior predictive draws (NumPyro's ``Predictive``) and
+    :meth:`log_likelihood` the pointwise log-likelihood (in ``to_arviz``'s
+    ``log_likelihood`` group, for ``az.loo``).
+
+    A pytree: its leaves are the result's arrays and the log joint's (the model's
+    data); the model and the structure of its trace are static. So ``jax.jit`` and
+    ``jax.vmap`` can return it: ``jax.vmap`` of :func:`fit` over keys or data sets
+    gives a batch of fits (:attr:`batch_shape`, ``len``), and ``res[i]`` one of them
+    (every array indexed along the batch axes, data included), whose ``sample``,
+    ``predictive``, ``to_arviz`` and ``message`` work like a single fit's. (A plain
+    :class:`jaxvb.Result` is a ``NamedTuple``, whose ``[i]`` is its ``i``-th field:
+    take one fit of a batch of those with ``jax.tree.map(lambda v: v[i], res)``.)
 
     Attributes:
       result: the :class:`jaxvb.Result` of the fit.
@@ -616,34 +659,254 @@ class NumPyroResult:
           ``(num_samples, *site_shape)``. See the class example.
         """
         x = self.result.q.sample(key, (int(num_samples),))
-        draws = jax.vmap(self.log_joint.constrain)(x)  # vmap sorts the names
+        arrays, static = _static.partition(self.log_joint)
+        draws = _constrain(arrays, static, x)  # vmap sorts the names
         return {name: draws[name] for name in self.log_joint.posterior_sites}
 
-    def to_arviz(self, key: jax.Array, num_samples: int, *, num_chains: int = 1) -> Any:
+    def predictive(
+        self, key: jax.Array, num_samples: int, *model_args: Any, **model_kwargs: Any
+    ) -> dict[str, jax.Array]:
+        """Posterior predictive draws of every site, by NumPyro's ``Predictive``.
+
+        The latent sites' draws are :meth:`sample`'s (the same ``key`` gives the same
+        draws); ``numpyro.infer.Predictive`` runs the model at each of them and draws
+        every observed site from its distribution (its ``obs`` is not read: these are
+        replicated data), and the deterministic sites are computed anew. Every plate
+        that subsamples is given all its indices.
+
+        Args:
+          key: a JAX random key.
+          num_samples: the number of draws.
+          *model_args, **model_kwargs: what to call the model with, e.g. new
+            covariates to predict at (``model(X_new, y=None)``). When none are given,
+            the arguments of the fit.
+
+        Returns:
+          A dict keyed by site name: the latent, deterministic and observed sites
+          (in the fit's model order, then any other site), each of shape
+          ``(num_samples, *site_shape)``. ``numpyro.factor`` sites are left out.
+
+        Example:
+          >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+          >>> import jaxvb, jaxvb.numpyro
+          >>> def model(x, y=None):
+          ...     w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+          ...     with numpyro.plate("data", x.shape[0]):
+          ...         numpyro.sample("y", dist.Normal(w * x, 0.5), obs=y)
+          >>> q0 = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
+          >>> res = jaxvb.numpyro.fit(model, jax.random.key(0), jnp.arange(3.0),
+          ...                         jnp.array([0.1, 0.9, 2.1]), num_steps=20, init=q0,
+          ...                         fit_kwargs={"num_eval_draws": 10})
+          >>> draws = res.predictive(jax.random.key(1), 100)  # at the fit's data
+          >>> {name: v.shape for name, v in draws.items()}
+          {'w': (100,), 'y': (100, 3)}
+          >>> new = res.predictive(jax.random.key(1), 100, jnp.array([5.0]))  # y=None
+          >>> new["y"].shape, bool(jnp.all(new["w"] == draws["w"]))
+          ((100, 1), True)
+        """
+        samples = self.sample(key, num_samples)
+        return self._predict(_predictive_key(key), samples, model_args, model_kwargs)
+
+    def log_likelihood(
+        self, key: jax.Array, num_samples: int, *model_args: Any, **model_kwargs: Any
+    ) -> dict[str, jax.Array]:
+        """The pointwise log-likelihood of each observed site at :meth:`sample`'s draws.
+
+        ``numpyro.infer.log_likelihood`` at the latent sites' draws: for each observed
+        site, ``site.fn.log_prob(obs)`` over its batch axes (one value per
+        observation; a multivariate observation is one value), with every plate
+        given all its indices. With new arguments (held-out data), the log
+        predictive density of those data at each draw.
+
+        Args:
+          key, num_samples: as for :meth:`sample` (the same key, the same draws).
+          *model_args, **model_kwargs: what to call the model with; when none are
+            given, the arguments of the fit.
+
+        Returns:
+          A dict keyed by observed site name (``numpyro.factor`` sites left out),
+          each of shape ``(num_samples, *batch_shape)``. :meth:`to_arviz` puts it in
+          the ``log_likelihood`` group, for ``az.loo`` and ``az.waic``.
+        """
+        samples = self.sample(key, num_samples)
+        return self._log_likelihood(samples, model_args, model_kwargs)
+
+    def to_arviz(
+        self,
+        key: jax.Array,
+        num_samples: int,
+        *,
+        num_chains: int = 1,
+        log_likelihood: bool = True,
+        posterior_predictive: bool = False,
+    ) -> Any:
         """An ``arviz.InferenceData`` of :meth:`sample`'s draws (needs ``arviz``).
 
         Groups: ``posterior`` (every latent and deterministic site, dimensions
-        ``(chain, draw, *site_shape)``; a plate's name labels the axis it indexes) and
-        ``observed_data`` (the observed sites, all of the data). The draws are
-        independent: ``num_chains`` splits them into that many equal blocks (the
-        default 1 is one chain of ``num_samples`` draws), which only gives ArviZ's
-        chain-based diagnostics such as ``r_hat`` something to compare.
-        ``az.summary(idata)`` and ``az.plot_posterior(idata)`` work on it. See the
-        class example.
+        ``(chain, draw, *site_shape)``; a plate's name labels the axis it indexes),
+        ``observed_data`` (the observed sites, all of the data), ``log_likelihood``
+        (:meth:`log_likelihood` at the same draws, one variable per observed site:
+        ``az.loo(idata)`` and ``az.waic(idata)`` read it; give ``var_name=`` when the
+        model has several observed sites) unless ``log_likelihood=False``, and with
+        ``posterior_predictive=True`` a ``posterior_predictive`` group (the observed
+        sites of :meth:`predictive`, the same draws as ``predictive(key,
+        num_samples)``, for ``az.plot_ppc``). The draws are independent:
+        ``num_chains`` splits them into that many equal blocks (the default 1 is one
+        chain of ``num_samples`` draws), which only gives ArviZ's chain-based
+        diagnostics such as ``r_hat`` something to compare. See the class example.
+
+        Since ``q`` is an approximation, ``az.loo``'s Pareto k-hat values judge the
+        importance sampling from the approximate posterior; above 0.7 its estimate
+        of the elpd is not reliable.
         """
+        samples = self.sample(key, num_samples)
+        observed = self.log_joint.observed
+        predicted = None
+        if posterior_predictive:
+            draws = self._predict(_predictive_key(key), samples, (), {})
+            predicted = {name: draws[name] for name in observed}
         return from_draws(
-            self.sample(key, num_samples),
+            samples,
             num_chains=num_chains,
             dims=self.log_joint.arviz_dims(),
-            observed_data=self.log_joint.observed,
+            observed_data=observed,
+            posterior_predictive=predicted,
+            log_likelihood=self._log_likelihood(samples, (), {})
+            if log_likelihood
+            else None,
         )
 
+    def _model_call(self, model_args, model_kwargs):
+        """The model and what to call it with: the fit's arguments unless given."""
+        lj = self.log_joint
+        lj = lj.lj if isinstance(lj, _LatentView) else lj
+        if not model_args and not model_kwargs:
+            model_args, model_kwargs = lj.model_args, lj.model_kwargs
+        return lj, model_args, model_kwargs
 
-jax.tree_util.register_pytree_node(
-    NumPyroResult,
-    lambda r: ((r.result,), r.log_joint),
-    lambda log_joint, children: NumPyroResult(children[0], log_joint),
-)
+    def _predict(self, key, samples, model_args, model_kwargs):
+        lj, args, kwargs = self._model_call(model_args, model_kwargs)
+        latent = {name: samples[name] for name in lj.latent_shapes}
+        drawn = _after_fit(key, latent, lj.model, args, kwargs, redraw=True)
+        first = [
+            n for n in (*lj.posterior_sites, *lj.observed) if n in drawn or n in latent
+        ]
+        names = first + [n for n in drawn if n not in first]
+        return {name: latent[name] if name in latent else drawn[name] for name in names}
+
+    def _log_likelihood(self, samples, model_args, model_kwargs):
+        lj, args, kwargs = self._model_call(model_args, model_kwargs)
+        latent = {name: samples[name] for name in lj.latent_shapes}
+        values = _after_fit(None, latent, lj.model, args, kwargs, redraw=False)
+        order = [n for n in lj.observed if n in values] + sorted(values)
+        return {n: values[n] for n in dict.fromkeys(order)}
+
+    # A batch of fits (jax.vmap of fit): every leaf has the batch axes in front.
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        """The batch axes of a batch of fits (``jax.vmap`` of :func:`fit`); ``()``
+        for a single fit."""
+        return tuple(np.shape(self.result.status))
+
+    def __len__(self) -> int:
+        if not self.batch_shape:
+            raise TypeError(
+                "len() of a single NumPyroResult (batch_shape is ()); only a batch of "
+                "fits from jax.vmap has a length"
+            )
+        return self.batch_shape[0]
+
+    def __bool__(self) -> bool:  # with __len__ defined, bool() would otherwise call it
+        return True
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __getitem__(self, index: Any) -> NumPyroResult:
+        """One fit (``res[i]``) or a sub-batch (``res[2:5]``, ``res[res.ok]``) of a
+        batch of fits: every array of the result and of its log joint (the model's
+        data included) indexed along the batch axes."""
+        batch = self.batch_shape
+        if not batch:
+            raise TypeError(
+                "this NumPyroResult is a single fit (batch_shape is ()); only a batch of "
+                "fits from jax.vmap can be indexed"
+            )
+        parts = index if isinstance(index, tuple) else (index,)
+        used = 0
+        for part in parts:
+            if part is None or part is Ellipsis:
+                raise IndexError(
+                    "a batch of fits is indexed by integers, slices or arrays along its "
+                    f"batch axes {batch}; None and ... are not supported"
+                )
+            is_mask = np.asarray(part).dtype == bool
+            used += np.ndim(part) if is_mask else 1
+        if used > len(batch):
+            raise IndexError(
+                f"{used} indices for a batch of fits of batch_shape {batch}; the arrays "
+                "behind the batch axes are the fits' own"
+            )
+        return jax.tree_util.tree_map(lambda v: v[index], self)
+
+
+def _after_fit(key, latent, model, args, kwargs, *, redraw: bool):
+    """NumPyro's ``Predictive`` (``redraw``) or ``log_likelihood`` at the draws
+    ``latent`` of the latent sites, the model run under :class:`_AfterFit`; compiled
+    once per model and shapes of its arguments (their arrays traced, the rest
+    static), run eagerly where a static argument cannot be hashed."""
+    arrays, static = _static.partition((model, args, kwargs))
+    try:
+        hash(static)
+    except TypeError:
+        return _run_after_fit(key, latent, arrays, static, redraw=redraw)
+    return _run_after_fit_jit(key, latent, arrays, static, redraw=redraw)
+
+
+def _run_after_fit(key, latent, arrays, static, *, redraw):
+    model, args, kwargs = _static.combine(arrays, static)
+    model = _AfterFit(model, redraw)
+    with _full_plates_quiet():
+        if redraw:
+            predictive = Predictive(model, posterior_samples=latent, parallel=True)
+            values = predictive(key, *args, **kwargs)
+        else:
+            values = _numpyro_log_likelihood(model, latent, *args, parallel=True, **kwargs)
+    # The factor sites were recorded while the model ran (here, as it was traced).
+    return {name: v for name, v in values.items() if name not in model.factors}
+
+
+_run_after_fit_jit = jit_once(_run_after_fit, static_argnames=("static", "redraw"))
+
+
+@jit_once(static_argnames=("static",))
+def _constrain(arrays, static, x):
+    """Draws ``x`` of shape ``(n, dim)`` mapped to every site's constrained value:
+    compiled once per model structure (run eagerly, each operation of the model
+    compiles on its own)."""
+    return jax.vmap(_static.combine(arrays, static).constrain)(x)
+
+
+def _predictive_key(key: jax.Array) -> jax.Array:
+    """The key of the replicated data: apart from :meth:`NumPyroResult.sample`'s."""
+    return jax.random.fold_in(key, 1)
+
+
+def _flatten_result(res: NumPyroResult):
+    # The log joint's arrays (the model's data) are children, like the result's, so
+    # that a result leaving jax.vmap or jax.jit holds no tracer of theirs; the rest
+    # of it (the model, the structure of its trace, non-array arguments) is static.
+    arrays, static = _static.partition(res.log_joint)
+    return (res.result, arrays), static
+
+
+def _unflatten_result(static, children) -> NumPyroResult:
+    result, arrays = children
+    return NumPyroResult(result, _static.combine(arrays, static))
+
+
+jax.tree_util.register_pytree_node(NumPyroResult, _flatten_result, _unflatten_result)
 
 
 # ------------------------------------------------------------------ latent fields
@@ -773,13 +1036,18 @@ class _NumPyroLatent(LatentGaussian):
 
 
 class _LatentView:
-    """What :class:`NumPyroResult` needs from a log joint, for draws ``(theta, f)``."""
+    """What :class:`NumPyroResult` needs from a log joint, for draws ``(theta, f)``.
+
+    A pytree (the log joint its child, ``spec`` static), so that a result of the
+    ``latent=`` route can leave ``jax.vmap`` and be sliced like any other.
+    """
 
     def __init__(self, lj: LogJoint, spec: _LatentSpec):
         self.lj, self.spec = lj, spec
-        self.posterior_sites = lj.posterior_sites
-        self.observed = lj.observed
-        self.arviz_dims = lj.arviz_dims
+
+    posterior_sites = property(lambda self: self.lj.posterior_sites)
+    observed = property(lambda self: self.lj.observed)
+    arviz_dims = property(lambda self: self.lj.arviz_dims)
 
     def constrain(self, x):
         k = len(self.spec.theta_index)
@@ -787,6 +1055,13 @@ class _LatentView:
         flat = flat.at[jnp.asarray(self.spec.theta_index)].set(x[:k])
         flat = flat.at[self.spec.f_start : self.spec.f_start + self.spec.size].set(x[k:])
         return self.lj.constrain(flat)
+
+
+jax.tree_util.register_pytree_node(
+    _LatentView,
+    lambda view: ((view.lj,), view.spec),
+    lambda spec, children: _LatentView(children[0], spec),
+)
 
 
 # Run once per fit: XLA's backend optimisation would cost more to compile than it saves.
