@@ -334,6 +334,39 @@ def _chunk_size(d: int) -> int:
     return max(1, min(100, _MAX_CHUNK // max(1, d)))
 
 
+def _offset(key, q0, log_p_fn) -> jax.Array:
+    """``log p`` at one draw of ``q0`` (0 where that is not finite), held fixed."""
+    value = log_p_fn(q0.sample(key))
+    return jax.lax.stop_gradient(jnp.where(jnp.isfinite(value), value, 0.0))
+
+
+def _plain(log_joint) -> bool:
+    """Whether ``log_joint`` is a plain function of ``x`` (or a minibatch one) whose
+    values the methods may see shifted; a model object that a method reads (a
+    :class:`jaxvb.Factors`, a log joint with its own ``start``) keeps its values."""
+    from jaxvb.structure import Factors
+
+    return not isinstance(log_joint, Factors) and not callable(
+        getattr(log_joint, "start", None)
+    )
+
+
+class _Shifted:
+    """``log_joint(x) - offset``; a minibatch log joint's estimates shifted alike."""
+
+    def __init__(self, log_joint, offset):
+        self.log_joint, self.offset = log_joint, offset
+        if callable(getattr(log_joint, "batch", None)):
+            self.batch = self._batch
+
+    def __call__(self, x):
+        return self.log_joint(x) - self.offset
+
+    def _batch(self, key, step):
+        estimate = self.log_joint.batch(key, step)
+        return lambda x: estimate(x) - self.offset
+
+
 class _Check(NamedTuple):
     """The convergence check's part of the scan's carry.
 
@@ -419,10 +452,11 @@ def _fit(
     progress,
 ):
     log_joint = _static.combine(arrays, log_joint)
+    unshifted = log_joint  # log_p_fn's, the progress reports' and the diagnostics'
     dtype = q0.dtype
 
     def log_p_fn(x):
-        return jnp.asarray(log_joint(x)).astype(dtype)
+        return jnp.asarray(unshifted(x)).astype(dtype)
 
     key_batch = None
     # A log joint with batch(key, step): jaxvb.Minibatch, or jaxvb.numpyro's.
@@ -430,6 +464,19 @@ def _fit(
         key, key_batch = jax.random.split(key)
     key_init, key_fit, key_eval = jax.random.split(key, 3)
     key_progress = jax.random.fold_in(key_eval, 2)  # never used by the iteration
+    # log p is regressed on (and its variance taken) after subtracting a fixed offset,
+    # log p at one draw of q0: a log joint of -1e6 + O(1) otherwise loses its O(1)
+    # variation to cancellation against the intercept in float32 (issue 16,
+    # reproducer 1). A constant shift of log p changes no statistic in exact
+    # arithmetic; the diagnostics add it back to the ELBO and the evidence.
+    offset = _offset(jax.random.fold_in(key_init, 1), q0, log_p_fn)
+
+    def log_p_centred(x):
+        return log_p_fn(x) - offset
+
+    if _plain(log_joint):
+        log_joint = _Shifted(log_joint, offset)
+
     state0 = kernel.init(key_init, q0, log_joint, method)
 
     # Did the iteration settle? One more update from fresh draws of q must give q back
@@ -531,8 +578,9 @@ def _fit(
         status = status | jnp.where(good & ~settled, int(Status.NOT_CONVERGED), 0)
 
     diag = diagnostics.evaluate(
-        key_eval, q, log_p_fn, num_eval_draws, chunk_size=_chunk_size(_size(q))
+        key_eval, q, log_p_centred, num_eval_draws, chunk_size=_chunk_size(_size(q))
     )
+    diag = diag._replace(elbo=diag.elbo + offset, log_evidence=diag.log_evidence + offset)
     status = status | jnp.where(
         diag.num_nonfinite > 0, int(Status.NONFINITE_DIAGNOSTICS), 0
     )

@@ -89,6 +89,25 @@ def test_a_log_density_nonfinite_everywhere_reports_no_diagnostics():
         jaxvb.fit(good, Q0, KEY, num_steps=10, num_eval_draws=1)
 
 
+@pytest.mark.parametrize("constant", [1e5, 1e6])
+def test_a_large_constant_in_log_p_changes_nothing(constant):
+    """Issue 16, reproducer 1: ``log p = -1e6 - |x - 1|^2 / (2 * 0.25)`` in float32.
+    The regression's statistics lost the O(1) variation of log p to cancellation
+    against the intercept (mean [0.48, 0.91] for [1, 1], status 0); fit now regresses
+    log p minus a fixed offset. What is left is float32's rounding of log p itself
+    (ulp(1e6) = 0.0625, a noise of 0.018 per draw): mean within 0.01 sd, R^2 within
+    1e-3 of 1, the evidence to 0.1 nat (against ~0.1 nat of the constant's rounding)."""
+    log_joint = lambda x: -constant - 0.5 * jnp.sum((x - 1.0) ** 2 / 0.25)  # noqa: E731
+    q0 = jaxvb.Gaussian(jnp.zeros(2, jnp.float32), jnp.eye(2, dtype=jnp.float32))
+    res = jaxvb.fit(log_joint, q0, KEY, num_steps=400, method="regression")
+    assert res.q.dtype == jnp.float32 and int(res.status) == 0
+    np.testing.assert_allclose(res.q.mean, [1.0, 1.0], atol=0.005)  # 0.01 sd
+    np.testing.assert_allclose(np.diag(res.q.cov), [0.25, 0.25], rtol=0.02)
+    assert float(res.r_squared) > 0.999
+    exact = -constant + np.log(2 * np.pi * 0.25)
+    assert abs(float(res.log_evidence) - exact) < 0.1
+
+
 def test_keys_and_empty_models_get_clear_errors():
     """Issue 16, reproducer 10: wrong key types and dimension 0 are named up front (not
     a raw JAX error, not a ZeroDivisionError after the whole fit)."""
