@@ -98,6 +98,9 @@ class Result(NamedTuple):
       q: the fitted approximation, of the same family type as ``q0``.
       elbo, log_evidence, kl, r_squared, residual_variance, elbo_stderr: section 4's
         diagnostics (see :mod:`jaxvb.diagnostics`).
+      kl_stderr, log_evidence_stderr, r_squared_stderr: the Monte Carlo standard
+        errors of ``kl``, ``log_evidence`` and ``r_squared`` (``elbo_stderr``'s
+        counterparts; delta method over the diagnostics' draws).
       khat: the Pareto k-hat of the importance ratios ``p / q`` at the diagnostics'
         draws (:func:`jaxvb.diagnostics.psis`); above 0.7 :func:`explain` says why it
         matters (not a status flag: it is read with ``residual_variance``).
@@ -134,6 +137,9 @@ class Result(NamedTuple):
     r_squared: jax.Array
     residual_variance: jax.Array
     elbo_stderr: jax.Array
+    kl_stderr: jax.Array
+    log_evidence_stderr: jax.Array
+    r_squared_stderr: jax.Array
     khat: jax.Array
     status: jax.Array
     first_improper_step: jax.Array

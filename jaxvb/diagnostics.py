@@ -38,6 +38,10 @@ class Diagnostics(NamedTuple):
         says that ``q``'s tails are lighter than the posterior's or that it misses
         mass (a mode). Not informative when the log ratios are nearly constant (an
         almost exact fit): see :func:`jaxvb.explain`. NaN with too few finite draws.
+      kl_stderr, log_evidence_stderr, r_squared_stderr: Monte Carlo standard errors
+        of ``kl``, ``log_evidence`` and ``r_squared`` (delta method over the draws:
+        the standard deviation of each draw's influence on the estimate over
+        ``sqrt(n)``); 0 for an exact fit, where ``log p - log q`` is constant.
 
     Example:
       ``q = N(0, 1)`` against the normalised ``p = N(0, 2)``: the ELBO is ``-KL(q || p)
@@ -63,6 +67,9 @@ class Diagnostics(NamedTuple):
     r_squared: jax.Array
     num_nonfinite: jax.Array
     khat: jax.Array
+    kl_stderr: jax.Array
+    log_evidence_stderr: jax.Array
+    r_squared_stderr: jax.Array
 
 
 def evaluate(
@@ -118,6 +125,19 @@ def evaluate(
     s2 = var(r)
     var_p = var(log_p)
     tiny = jnp.finfo(q.dtype).tiny
+    var_p_safe = jnp.maximum(var_p, tiny)
+    # Monte Carlo standard errors by the delta method: each measure is a smooth
+    # function of sample means, so its error is the standard deviation of its
+    # influence over the draws divided by sqrt(n) (the draws are independent).
+    dr2 = (r - elbo) ** 2 - s2  # the influence of a draw on s^2
+    dp2 = (log_p - mean(log_p)) ** 2 - var_p  # ... on Var_q[log p]
+
+    def stderr(influence):
+        return jnp.sqrt(var(influence) / nn)
+
+    kl_stderr = 0.5 * stderr(dr2)
+    evidence_stderr = stderr((r - elbo) + 0.5 * dr2)
+    r2_stderr = stderr(dr2 / var_p_safe - s2 * dp2 / var_p_safe**2)
     # Fewer than two finite draws: no estimate at all, so NaN (not an ELBO of 0 and an
     # R^2 of 1 that read as a perfect fit under jit/vmap); num_nonfinite says why.
     na = jnp.asarray(jnp.nan, q.dtype)
@@ -131,9 +151,12 @@ def evaluate(
         residual_variance=known(s2),
         kl=known(0.5 * s2),
         log_evidence=known(elbo + 0.5 * s2),
-        r_squared=known(1.0 - s2 / jnp.maximum(var_p, tiny)),
+        r_squared=known(1.0 - s2 / var_p_safe),
         num_nonfinite=num_draws - n,
         khat=psis(jnp.where(ok, r, -jnp.inf)).khat,
+        kl_stderr=known(kl_stderr),
+        log_evidence_stderr=known(evidence_stderr),
+        r_squared_stderr=known(r2_stderr),
     )
 
 
