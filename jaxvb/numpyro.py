@@ -640,6 +640,8 @@ class NumPyroResult:
     log_joint: LogJoint
 
     def __getattr__(self, name: str) -> Any:
+        if name == "message":
+            self._single("message")
         if name in _FORWARDED:
             return getattr(self.result, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -658,6 +660,7 @@ class NumPyroResult:
           A dict keyed by site name, in model order; each value has shape
           ``(num_samples, *site_shape)``. See the class example.
         """
+        self._single("sample")
         x = self.result.q.sample(key, (int(num_samples),))
         arrays, static = _static.partition(self.log_joint)
         draws = _constrain(arrays, static, x)  # vmap sorts the names
@@ -730,6 +733,12 @@ class NumPyroResult:
         """
         samples = self.sample(key, num_samples)
         return self._log_likelihood(samples, model_args, model_kwargs)
+
+    def summary(self, key=None, num_samples=4000, names=None, prob=0.9, max_rows=10):
+        """:func:`jaxvb.summary`: a row per site (``beta[0]``, ...), constrained."""
+        from jaxvb._summary import summary
+
+        return summary(self, key, num_samples, names, prob, max_rows)
 
     def to_arviz(
         self,
@@ -808,6 +817,13 @@ class NumPyroResult:
         """The batch axes of a batch of fits (``jax.vmap`` of :func:`fit`); ``()``
         for a single fit."""
         return tuple(np.shape(self.result.status))
+
+    def _single(self, what: str) -> None:
+        if self.batch_shape:
+            raise TypeError(
+                f"{what} of a batch of {self.batch_shape} fits (from jax.vmap); take one "
+                "fit with res[i] first"
+            )
 
     def __len__(self) -> int:
         if not self.batch_shape:

@@ -179,6 +179,7 @@ def test_minibatch_model_predicts_and_scores_all_the_data(fitted):
     assert idata.log_likelihood["y"].shape == (1, 50, N)
 
 
+@pytest.mark.slow
 def test_log_likelihood_of_a_multivariate_observation_is_one_value_per_plate_entry(
     fitted,
 ):
@@ -239,6 +240,10 @@ def test_vmap_over_data_sets_gives_a_batch_that_slices_into_usable_fits():
     assert res[1:].batch_shape == (2,) and res[res.ok].batch_shape == (3,)
     with pytest.raises(IndexError, match="batch_shape"):
         res[0, 1]
+    with pytest.raises(TypeError, match=r"batch of \(3,\) fits.*res\[i\]"):
+        res.sample(jax.random.key(9), 5)
+    with pytest.raises(TypeError, match="take one fit with res"):
+        _ = res.message
     for i in range(3):
         one_fit = res[i]
         _assert_no_tracer(one_fit)
