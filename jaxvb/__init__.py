@@ -18,6 +18,7 @@ from jaxvb._fit import fit
 from jaxvb._laplace import LaplaceInfo, laplace
 from jaxvb._progress import Progress, ProgressInfo
 from jaxvb._result import FitError, FitWarning, Result, Status, Trace, check, explain
+from jaxvb._summary import Summary, summary
 from jaxvb.batch import fit_batched
 from jaxvb.families import (
     Beta,
@@ -29,6 +30,7 @@ from jaxvb.families import (
     GaussianMixture,
     InverseGamma,
 )
+from jaxvb.io import load, save
 from jaxvb.latent import LatentGaussian
 from jaxvb.methods.mixture import init_mixture
 from jaxvb.structure import Factors, Minibatch
@@ -54,6 +56,7 @@ __all__ = [
     "ProgressInfo",
     "Result",
     "Status",
+    "Summary",
     "Trace",
     "check",
     "diagnostics",
@@ -62,8 +65,12 @@ __all__ = [
     "fit",
     "fit_batched",
     "init_mixture",
+    "io",
     "kernel",
     "laplace",
+    "load",
     "methods",
+    "save",
+    "summary",
     "to_arviz",
 ]

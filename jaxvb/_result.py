@@ -175,6 +175,34 @@ class Result(NamedTuple):
         unpack = getattr(self.q, "unpack", None)
         return unpack(draws) if callable(unpack) else draws
 
+    def summary(
+        self,
+        key: jax.Array | None = None,
+        num_samples: int = 4000,
+        names: Any = None,
+        prob: float = 0.9,
+        max_rows: int = 10,
+    ):
+        """The summary table: :func:`jaxvb.summary` of this result (``print`` it).
+
+        Example:
+          >>> import jax, jax.numpy as jnp, jaxvb
+          >>> res = jaxvb.fit(lambda x: -0.5 * jnp.sum(x**2), jnp.ones(2),
+          ...                 jax.random.key(0), num_steps=20)
+          >>> round(res.summary()["x[1]"]["sd"], 6)   # N(0, 1)
+          1.0
+        """
+        from jaxvb._summary import summary
+
+        return summary(self, key, num_samples, names, prob, max_rows)
+
+    def __str__(self) -> str:
+        # print(result) shows the summary; repr stays the field-by-field tuple, and a
+        # traced or batched result prints without drawing (see jaxvb._summary.text).
+        from jaxvb._summary import text
+
+        return text(self)
+
 
 class FitError(RuntimeError):
     """A fit whose result cannot be trusted; the flagged result is in ``.result``.
