@@ -17,7 +17,10 @@ with ``q(theta)`` a Gaussian over the unconstrained hyperparameters and Gaussian
 ``(a_t, b_t)`` shared by every ``theta``: ``q(f | theta)`` is the Gaussian with precision
 ``P(theta) = Q(theta) + diag(a)`` and mean ``P^{-1} (Q m + b)``, the exact prior times
 the sites. With the prior's precision banded (``jaxvb.linalg.Banded``, ``w``
-subdiagonals) everything costs ``O(T w^2)`` per step; a dense one ``O(T^3)``.
+subdiagonals) everything costs ``O(T w^2)`` per step; a dense one ``O(T^3)``. The
+algebra of ``q(f | theta)`` (its moments, ``log Z`` and the sites' terms below) is
+:mod:`jaxvb._field`'s, shared with the hierarchical composite of
+:mod:`jaxvb.composite` (the paper's stochastic-volatility fit).
 
 **The iteration** (Algorithm 2 for both blocks, Rao-Blackwellised over ``f``). Each step
 draws ``theta ~ q(theta)`` and, given the current sites, computes exactly (the
@@ -77,10 +80,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.linalg import cho_solve, solve_triangular
 
-from jaxvb import _static, linalg
-from jaxvb._algebra import precision_factor, solve_precision
+from jaxvb import _field, _static, linalg
+from jaxvb._algebra import cast_tree, precision_factor, solve_precision
 from jaxvb._laplace import default_tol, laplace_traced, near_mode
 from jaxvb._process import jit_once
 from jaxvb.families._base import Array, Family, build, register_dataclass, register_family
@@ -94,77 +96,7 @@ _STATIC = {"static": True}
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
-# ----------------------------------------------------------------- precision algebra
-
-
-class _Dense:
-    """``(T, T)`` precisions: ``O(T^3)`` Cholesky, solves and marginal variances."""
-
-    @staticmethod
-    def add_diag(q, a):
-        return q + jnp.diag(a)
-
-    @staticmethod
-    def chol(p):
-        return jnp.linalg.cholesky(p)
-
-    @staticmethod
-    def is_pd(c):
-        return jnp.all(jnp.isfinite(c)) & jnp.all(jnp.diagonal(c) > 0)
-
-    @staticmethod
-    def logdet(c):
-        return 2.0 * jnp.sum(jnp.log(jnp.diagonal(c)))
-
-    @staticmethod
-    def solve(c, b):
-        return cho_solve((c, True), b)
-
-    @staticmethod
-    def marginal_var(c):
-        # diag(P^{-1}) = column sums of (L^{-1})^2: one triangular solve, no P^{-1}.
-        inv = solve_triangular(c, jnp.eye(c.shape[0], dtype=c.dtype), lower=True)
-        return jnp.sum(inv * inv, axis=0)
-
-    @staticmethod
-    def back(c, z):
-        return solve_triangular(c, z, lower=True, trans="T")
-
-    @staticmethod
-    def matvec(q, x):
-        return q @ x
-
-
-class _BandedOps:
-    """:class:`jaxvb.linalg.Banded` precisions: ``O(T w^2)`` through ``jaxvb.linalg``."""
-
-    @staticmethod
-    def add_diag(q, a):
-        return linalg.Banded(q.ab.at[0].add(a))
-
-    @staticmethod
-    def chol(p):
-        return linalg.cholesky_banded(p.ab)
-
-    is_pd = staticmethod(linalg.is_pd_banded)
-    logdet = staticmethod(linalg.logdet_banded)
-    solve = staticmethod(linalg.solve_banded)
-
-    @staticmethod
-    def marginal_var(c):
-        return linalg.selected_inverse_banded(c)[0]
-
-    @staticmethod
-    def back(c, z):
-        return linalg.solve_triangular_banded(c, z, transpose=True)
-
-    @staticmethod
-    def matvec(q, x):
-        return linalg.matvec_banded(q.ab, x)
-
-
-def _ops(precision):
-    return _BandedOps if isinstance(precision, linalg.Banded) else _Dense
+# ------------------------------------------------------------------- quadrature
 
 
 def _gauss_hermite(n: int, dtype):
@@ -248,7 +180,9 @@ class LatentGaussian:
     def prior_of_field(self, theta: Array):
         """``(mean, precision)`` of ``p(f | theta)``."""
         mean, precision = self.prior(theta)
-        return jnp.asarray(mean).astype(theta.dtype), precision
+        # in theta's dtype, both: a float64 precision (built from Python floats in an
+        # x64 session) with a float32 theta otherwise promotes the field's loops
+        return jnp.asarray(mean).astype(theta.dtype), cast_tree(precision, theta.dtype)
 
     def site_log_lik(self, f: Array, theta: Array) -> Array:
         """``(T,)`` site log-likelihoods at ``f`` (and ``theta``)."""
@@ -288,7 +222,7 @@ class LatentGaussian:
             )
         theta, f = self._split(x)
         mean, precision = self.prior_of_field(theta)
-        ops = _ops(precision)
+        ops = _field.ops(precision)
         c = ops.chol(precision)
         d = f - mean
         log_prior_f = 0.5 * (ops.logdet(c) - d.shape[0] * _LOG_2PI) - 0.5 * jnp.dot(
@@ -323,6 +257,12 @@ class LatentGaussian:
                     "LatentGaussian: prior(theta)'s Banded precision must hold ab of shape "
                     f"(w + 1, T) = (w + 1, {t}), got {precision.ab.shape}"
                 )
+        elif not hasattr(precision, "shape"):
+            # (a jaxvb.linalg.Arrowhead among them: its sites would need a border)
+            raise TypeError(
+                "LatentGaussian: prior(theta)'s precision must be a (T, T) array or a "
+                f"jaxvb.linalg.Banded, got {type(precision).__name__}"
+            )
         elif tuple(precision.shape) != (t, t):
             raise ValueError(
                 "LatentGaussian: prior(theta)'s precision must be a (T, T) array or a "
@@ -424,26 +364,29 @@ def _conditional(model: LatentGaussian, a, b, theta):
     """``q(f | theta)``: ``(mean, chol, ops, prior mean, prior precision, c)``, with
     ``chol`` the factor of ``Q + diag(a)`` and ``c = Q m + b`` (``mean = P^{-1} c``)."""
     m, precision = model.prior_of_field(theta)
-    ops = _ops(precision)
-    chol = ops.chol(ops.add_diag(precision, a))
+    ops = _field.ops(precision)
+    chol = ops.chol(ops.add_sites(precision, a))
     c = ops.matvec(precision, m) + b
     mu = ops.solve(chol, c)
     return mu, chol, ops, m, precision, c
 
 
 def _target(model: LatentGaussian, a, b, theta):
-    """``L(theta)`` (the ELBO with ``f`` integrated out, given the sites) and, as aux,
-    ``q(f | theta)``'s ``(mean, marginal variances, factor of the precision)``."""
+    """``L(theta)`` (the ELBO with ``f`` integrated out, given the sites; the algebra of
+    :mod:`jaxvb._field`) and, as aux, ``q(f | theta)``'s ``(mean, marginal variances,
+    factor of the precision)``."""
     mu, chol, ops, m, precision, c = _conditional(model, a, b, theta)
     var = ops.marginal_var(chol)
-    log_z = (
-        0.5 * ops.logdet(ops.chol(precision))
-        - 0.5 * ops.logdet(chol)
-        + 0.5 * jnp.dot(c, mu)
-        - 0.5 * jnp.dot(m, ops.matvec(precision, m))
+    log_z = _field.log_normaliser(
+        ops,
+        ops.logdet(ops.chol(precision)),
+        chol,
+        c,
+        mu,
+        jnp.dot(m, ops.matvec(precision, m)),
     )
     ell, _, _ = model.site_expectations(mu, var, theta)
-    site_terms = jnp.sum(ell - b * mu + 0.5 * a * (mu * mu + var))
+    site_terms = jnp.sum(ell) - _field.expected_log_site(ops, a, b, mu, var)
     value = model.prior_log_density(theta) + log_z + site_terms
     # q(f | theta)'s marginals and factor, held constant: the sites' statistics are
     # computed from them once, at the draw (not at the points of the differences)
@@ -454,7 +397,7 @@ def _newton_sites(model: LatentGaussian, theta, num_iter: int = 30):
     """Sites ``(a, b)`` at the mode of ``p(f | theta, y)``, by Newton's method (a fixed
     number of iterations: every loop of the compiled program has a bound)."""
     m, precision = model.prior_of_field(theta)
-    ops = _ops(precision)
+    ops = _field.ops(precision)
     qm = ops.matvec(precision, m)
     total = lambda f: jnp.sum(model.site_log_lik(f, theta))  # noqa: E731
 
@@ -465,7 +408,7 @@ def _newton_sites(model: LatentGaussian, theta, num_iter: int = 30):
 
     def body(_, f):
         a, b = sites(f)
-        new = ops.solve(ops.chol(ops.add_diag(precision, a)), qm + b)
+        new = ops.solve(ops.chol(ops.add_sites(precision, a)), qm + b)
         return jnp.where(jnp.all(jnp.isfinite(new)), new, f)
 
     f = jax.lax.fori_loop(0, num_iter, body, m)
@@ -562,7 +505,7 @@ class LatentGaussianApproximation(Family):
         theta, f = self.unpack(x)
         a = self.site_precision
         mu, chol, ops, _, precision, _ = _conditional(self.model, a, self.site_shift, theta)
-        p = ops.add_diag(precision, a)
+        p = ops.add_sites(precision, a)
         d = f - mu
         log_q_f = 0.5 * (ops.logdet(chol) - d.shape[0] * _LOG_2PI) - 0.5 * jnp.dot(
             d, ops.matvec(p, d)
@@ -671,7 +614,7 @@ def latent_gaussian(hessian: str = "regression") -> Method:
             stats = dict(P=-hess, g=grad, z=theta)
         mu, var, chol = aux
         _, d1, d2 = model.site_expectations(mu, var, theta)
-        f = mu + _ops(model.prior_of_field(theta)[1]).back(chol, z_f)
+        f = mu + _field.ops(model.prior_of_field(theta)[1]).back(chol, z_f)
         stats.update(A=-d2, G=d1, Z=mu)
         return stats, jnp.concatenate([theta, f]), value
 
@@ -696,7 +639,7 @@ def latent_gaussian(hessian: str = "regression") -> Method:
             LatentGaussianApproximation,
             theta=theta,
             site_precision=stats["A"],
-            site_shift=stats["G"] + stats["A"] * stats["Z"],
+            site_shift=_field.site_shift(_field.Dense, stats["A"], stats["G"], stats["Z"]),
             model=q.model,
             theta_centre=q.theta_centre,
         )

@@ -24,6 +24,8 @@ What is here:
   Algorithm 2 (``a = E grad log p(y|f)``, ``eta6 = -E hess log p(y|f)``, ``z = E f``),
   Rao-Blackwellised: the model gives the expectations under ``q(f | theta)``
   analytically from the mean and the selected inverse (:class:`LatentGaussianModel`).
+  Its algebra (``P = Q + eta6``, ``log q(y | theta)``, ``E log q(y | f)``, the shift
+  from the statistics) is :mod:`jaxvb._field`'s, the same as :class:`jaxvb.LatentGaussian`'s.
 * :class:`Hierarchical`: the joint ``q`` as a pytree (``sample``, ``log_prob``,
   ``is_proper``), and :func:`hierarchical`, the :class:`~jaxvb.methods.Method` that
   ``jaxvb.fit`` runs.
@@ -48,6 +50,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxvb import _field
 from jaxvb._algebra import solve_equilibrated
 from jaxvb.families._base import (
     Array,
@@ -61,7 +64,6 @@ from jaxvb.linalg import (
     Arrowhead,
     cholesky_arrowhead,
     cholesky_forward_arrowhead,
-    gaussian_arrowhead,
     logdet_arrowhead,
     matvec_arrowhead,
     matvec_triangular_arrowhead,
@@ -228,8 +230,7 @@ class GaussianSitesBlock:
 
     def precision(self, theta: Array) -> Arrowhead:
         q, _ = self.prior(theta)
-        band = q.band.at[0].add(self.sites.band[0])
-        return Arrowhead(band, q.border + self.sites.border, q.corner + self.sites.corner)
+        return _field.Arrowhead.add_sites(q, self.sites)
 
     def posterior(self, theta: Array):
         """``(mean, Cholesky factor)`` of ``q(f | theta)``."""
@@ -242,18 +243,13 @@ class GaussianSitesBlock:
         if factor is None:
             factor = cholesky_arrowhead(self.precision(theta))
         mean = solve_arrowhead(factor, self.shift)
-        return 0.5 * (logdet_prior - logdet_arrowhead(factor) + self.shift @ mean)
+        return _field.log_normaliser(
+            _field.Arrowhead, logdet_prior, factor, self.shift, mean
+        )
 
     def log_site(self, mean: Array, cov: Arrowhead) -> Array:
         """``E log q(y | f) = shift' m - (m' eta6 m + tr(eta6 Sigma)) / 2`` (selected)."""
-        s = self.sites
-        quad = mean @ matvec_arrowhead(s, mean)
-        trace = (
-            jnp.sum(s.band[0] * cov.band[0])
-            + 2.0 * jnp.sum(s.border * cov.border)
-            + jnp.sum(s.corner * cov.corner)
-        )
-        return self.shift @ mean - 0.5 * (quad + trace)
+        return _field.expected_log_site(_field.Arrowhead, self.sites, self.shift, mean, cov)
 
     def log_prob_given(self, f: Array, theta: Array) -> Array:
         """``log q(f | theta)``, one scan: ``log|L| - |L'f - L^{-1} eta7|^2 / 2 - ...``."""
@@ -471,20 +467,10 @@ class HierarchicalStats(NamedTuple):
     z: Array
 
 
-def _arrowhead_inner(a: Arrowhead, b: Arrowhead) -> Array:
-    """``tr(A B)`` for symmetric arrowheads stored lower (off-diagonal entries count twice)."""
-    return (
-        jnp.sum(a.band[0] * b.band[0])
-        + 2.0 * jnp.sum(a.band[1:] * b.band[1:])
-        + 2.0 * jnp.sum(a.border * b.border)
-        + jnp.sum(a.corner * b.corner)
-    )
-
-
 def _conditional(q: Hierarchical, theta: Array):
     """``q(f | theta)``: mean, selected inverse and factor of its precision."""
     g = q.gaussian
-    factor, mean, cov = gaussian_arrowhead(g.precision(theta), g.shift)
+    factor, mean, cov = _field.Arrowhead.moments(g.precision(theta), g.shift)
     return mean, cov, factor
 
 
@@ -504,7 +490,7 @@ def _direct_gradient(model: LatentGaussianModel, q: Hierarchical, theta: Array):
 
     def along(direction):
         _, (d_q, d_logdet) = jax.jvp(q.gaussian.prior, (theta,), (direction,))
-        trace = _arrowhead_inner(cov, d_q)
+        trace = _field.Arrowhead.inner(cov, d_q)
         quad = mean @ matvec_arrowhead(d_q, mean)
         return 0.5 * (d_logdet - trace - quad)
 
@@ -574,7 +560,9 @@ def hierarchical(
         g = q.gaussian
         _, logdet_prior = g.prior(theta)
         mean, cov, factor = _conditional(q, theta)
-        log_marg = 0.5 * (logdet_prior - logdet_arrowhead(factor) + g.shift @ mean)
+        log_marg = _field.log_normaliser(
+            _field.Arrowhead, logdet_prior, factor, g.shift, mean
+        )
         extra = model.expected_log_lik(mean, cov) - g.log_site(mean, cov)
         value = model.log_prior(theta) + log_marg + extra
         aux = (
@@ -638,7 +626,7 @@ def hierarchical(
             b.from_natural(solve_equilibrated(s.C, s.g))
             for b, s in zip(q.scalars, stats.scalars, strict=True)
         )
-        shift = stats.a + matvec_arrowhead(stats.sites, stats.z)
+        shift = _field.site_shift(_field.Arrowhead, stats.sites, stats.a, stats.z)
         gaussian = build(
             GaussianSitesBlock, sites=stats.sites, shift=shift, prior=q.gaussian.prior
         )

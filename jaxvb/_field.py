@@ -1,0 +1,232 @@
+r"""The Gaussian field given the hyperparameters: one implementation for every latent fit.
+
+Both latent Gaussian fits of section 6.1 -- :class:`jaxvb.LatentGaussian` (dense or
+banded priors, a Gaussian ``q(theta)``) and the hierarchical composite of
+:mod:`jaxvb.composite` (arrowhead priors, exponential-family ``q(theta)``; the paper's
+stochastic-volatility model) -- approximate ``p(f | theta, y)`` by the exact prior
+times Gaussian sites ``(S, b)``:
+
+    q(f | theta) ∝ N(f | m, Q^{-1}) exp(b'f - f'S f / 2),   P = Q + S,
+    mu = P^{-1} c,   c = Q m + b,
+
+and need the same three quantities of it, computed here:
+
+* :func:`log_normaliser`, ``log Z(theta) = log ∫ N(f | m, Q^{-1}) exp(b'f - f'S f / 2)
+  df = (log|Q| - log|P| + c'mu - m'Q m) / 2``;
+* :func:`expected_log_site`, ``E_q[b'f - f'S f / 2] = b'mu - (mu'S mu + tr(S Sigma)) /
+  2``, from the mean and the covariance on ``S``'s pattern only;
+* :func:`site_shift`, Algorithm 2's ``b = E[grad log p(y|f)] + S E[f]`` from the
+  averaged statistics (``S = E[-hess log p(y|f)]``).
+
+The hyperparameters' target is then ``L(theta) = log p(theta) + log Z(theta) +
+E_q[log p(y|f)] - E_q[log site]``, the ELBO with ``f`` integrated out.
+
+The structure of ``Q`` (and of ``S``, which follows it) picks the operations:
+:class:`Dense` (a ``(T, T)`` array, diagonal sites, ``O(T^3)``), :class:`Banded`
+(:class:`jaxvb.linalg.Banded`, diagonal sites, ``O(T w^2)``) or :class:`Arrowhead`
+(:class:`jaxvb.linalg.Arrowhead`: banded with a dense border, e.g. a state-space prior
+with its level or fixed effects last; sites of the same pattern, diagonal band plus
+border). :func:`ops` chooses from the prior's type.
+
+Example:
+  A standard normal prior and one site ``exp(f - f^2 / 2)``: ``q(f)`` is ``N(1/2,
+  1/2)`` and ``log Z = log E[exp(f - f^2 / 2)] = 1/4 - log(2) / 2``:
+
+  >>> import jax.numpy as jnp
+  >>> from jaxvb import _field
+  >>> o = _field.ops(jnp.eye(1))
+  >>> chol, mean, var = o.moments(o.add_sites(jnp.eye(1), jnp.ones(1)), jnp.ones(1))
+  >>> round(float(mean[0]), 6), round(float(var[0]), 6)
+  (0.5, 0.5)
+  >>> round(float(_field.log_normaliser(o, 0.0, chol, jnp.ones(1), mean)), 4)
+  -0.0966
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax.scipy.linalg import cho_solve, solve_triangular
+
+from jaxvb import linalg
+from jaxvb.families._base import Array
+
+__all__ = [
+    "Arrowhead",
+    "Banded",
+    "Dense",
+    "expected_log_site",
+    "log_normaliser",
+    "ops",
+    "site_shift",
+]
+
+
+class _Diagonal:
+    """Diagonal sites ``S = diag(a)``, ``a`` of shape ``(T,)``; the covariance a
+    factorisation hands them is the marginal variances ``diag(P^{-1})``."""
+
+    @staticmethod
+    def site_matvec(a, x):
+        return a * x
+
+    @staticmethod
+    def site_quad(a, x):
+        return jnp.sum(a * x * x)
+
+    @staticmethod
+    def site_trace(a, var):
+        return jnp.sum(a * var)
+
+    @classmethod
+    def moments(cls, p, c):
+        """``(factor, P^{-1} c, diag(P^{-1}))``."""
+        chol = cls.chol(p)
+        return chol, cls.solve(chol, c), cls.marginal_var(chol)
+
+
+class Dense(_Diagonal):
+    """``(T, T)`` precisions: ``O(T^3)`` Cholesky, solves and marginal variances."""
+
+    @staticmethod
+    def add_sites(q, a):
+        return q + jnp.diag(a)
+
+    @staticmethod
+    def chol(p):
+        return jnp.linalg.cholesky(p)
+
+    @staticmethod
+    def is_pd(c):
+        return jnp.all(jnp.isfinite(c)) & jnp.all(jnp.diagonal(c) > 0)
+
+    @staticmethod
+    def logdet(c):
+        return 2.0 * jnp.sum(jnp.log(jnp.diagonal(c)))
+
+    @staticmethod
+    def solve(c, b):
+        return cho_solve((c, True), b)
+
+    @staticmethod
+    def marginal_var(c):
+        # diag(P^{-1}) = column sums of (L^{-1})^2: one triangular solve, no P^{-1}.
+        inv = solve_triangular(c, jnp.eye(c.shape[0], dtype=c.dtype), lower=True)
+        return jnp.sum(inv * inv, axis=0)
+
+    @staticmethod
+    def back(c, z):
+        return solve_triangular(c, z, lower=True, trans="T")
+
+    @staticmethod
+    def matvec(q, x):
+        return q @ x
+
+
+class Banded(_Diagonal):
+    """:class:`jaxvb.linalg.Banded` precisions: ``O(T w^2)`` through ``jaxvb.linalg``."""
+
+    @staticmethod
+    def add_sites(q, a):
+        return linalg.Banded(q.ab.at[0].add(a))
+
+    @staticmethod
+    def chol(p):
+        return linalg.cholesky_banded(p.ab)
+
+    is_pd = staticmethod(linalg.is_pd_banded)
+    logdet = staticmethod(linalg.logdet_banded)
+    solve = staticmethod(linalg.solve_banded)
+
+    @staticmethod
+    def marginal_var(c):
+        return linalg.selected_inverse_banded(c)[0]
+
+    @staticmethod
+    def back(c, z):
+        return linalg.solve_triangular_banded(c, z, transpose=True)
+
+    @staticmethod
+    def matvec(q, x):
+        return linalg.matvec_banded(q.ab, x)
+
+
+class Arrowhead:
+    """:class:`jaxvb.linalg.Arrowhead` precisions (band ``(w + 1, T)``, border ``(T,
+    k)``, corner ``(k, k)``), ``O(T (w^2 + w k + k^2))``; sites an ``Arrowhead`` with a
+    diagonal band ``(1, T)``; the covariance a factorisation hands them is the selected
+    inverse (:func:`jaxvb.linalg.selected_inverse_arrowhead`)."""
+
+    @staticmethod
+    def add_sites(q, s):
+        return linalg.Arrowhead(
+            q.band.at[0].add(s.band[0]), q.border + s.border, q.corner + s.corner
+        )
+
+    chol = staticmethod(linalg.cholesky_arrowhead)
+    is_pd = staticmethod(linalg.is_pd_arrowhead)
+    logdet = staticmethod(linalg.logdet_arrowhead)
+    solve = staticmethod(linalg.solve_arrowhead)
+    matvec = staticmethod(linalg.matvec_arrowhead)
+    site_matvec = staticmethod(linalg.matvec_arrowhead)
+
+    @staticmethod
+    def moments(p, c):
+        """``(factor, P^{-1} c, selected inverse)``; for bandwidth 1 in two scans
+        (:func:`jaxvb.linalg.gaussian_arrowhead`)."""
+        return linalg.gaussian_arrowhead(p, c)
+
+    @staticmethod
+    def back(c, z):
+        return linalg.solve_triangular_arrowhead(c, z, transpose=True)
+
+    @staticmethod
+    def inner(a, b) -> Array:
+        """``tr(A B)`` for symmetric arrowheads stored lower (off-diagonal entries
+        count twice); ``B`` may be a selected inverse, ``A`` of its pattern or
+        narrower."""
+        w = a.band.shape[0]
+        return (
+            jnp.sum(a.band[0] * b.band[0])
+            + 2.0 * jnp.sum(a.band[1:] * b.band[1:w])
+            + 2.0 * jnp.sum(a.border * b.border)
+            + jnp.sum(a.corner * b.corner)
+        )
+
+    @staticmethod
+    def site_quad(s, x):
+        return x @ linalg.matvec_arrowhead(s, x)
+
+    @classmethod
+    def site_trace(cls, s, cov):
+        return cls.inner(s, cov)
+
+
+def ops(precision):
+    """The operations for a prior precision: :class:`Banded`, :class:`Arrowhead` or
+    :class:`Dense` (any other array)."""
+    if isinstance(precision, linalg.Banded):
+        return Banded
+    if isinstance(precision, linalg.Arrowhead):
+        return Arrowhead
+    return Dense
+
+
+def log_normaliser(o, logdet_prior, chol, c, mean, prior_quad=0.0) -> Array:
+    """``log Z = (log|Q| - log|P| + c'mu - m'Q m) / 2`` from ``log|Q|`` (a
+    pseudo-determinant where ``Q`` is flat in some directions that the sites
+    inform), the factor of ``P``, ``c = Q m + b``, ``mu = P^{-1} c`` and ``m'Q m``
+    (``prior_quad``; 0 for a zero prior mean)."""
+    return 0.5 * (logdet_prior - o.logdet(chol) + jnp.dot(c, mean) - prior_quad)
+
+
+def expected_log_site(o, sites, shift, mean, cov) -> Array:
+    """``E_q[b'f - f'S f / 2] = b'mu - (mu'S mu + tr(S Sigma)) / 2``, with ``cov`` the
+    covariance on ``S``'s pattern (:meth:`Dense.moments` and the like)."""
+    return jnp.dot(shift, mean) - 0.5 * (
+        o.site_quad(sites, mean) + o.site_trace(sites, cov)
+    )
+
+
+def site_shift(o, sites, grad, mean) -> Array:
+    """Algorithm 2's ``b = E[grad log p(y|f)] + S E[f]`` (``sites`` is ``S``)."""
+    return grad + o.site_matvec(sites, mean)
