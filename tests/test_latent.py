@@ -15,7 +15,7 @@ import pytest
 from helpers import tiered
 
 import jaxvb
-from jaxvb.linalg import Banded, to_dense
+from jaxvb.linalg import Arrowhead, Banded, to_dense
 
 KEY = jax.random.key(0)
 T = 8
@@ -227,6 +227,19 @@ def test_bad_models_get_clear_errors():
     )
     with pytest.raises(ValueError, match=r"Banded precision must hold ab of shape"):
         jaxvb.fit(band, jnp.zeros(1), KEY, num_steps=10)
+    # an arrowhead (banded with a border) is not a LatentGaussian prior: its sites
+    # would need the border (it used to fail with "no attribute 'shape'")
+    arrow = jaxvb.LatentGaussian(
+        good.log_prior,
+        lambda th: (
+            jnp.zeros(T),
+            Arrowhead(jnp.ones((2, T - 1)), jnp.zeros((T - 1, 1)), jnp.eye(1)),
+        ),
+        good.log_lik,
+        Y,
+    )
+    with pytest.raises(TypeError, match=r"array or a jaxvb.linalg.Banded, got Arrowhead"):
+        jaxvb.fit(arrow, jnp.zeros(1), KEY, num_steps=10)
     with pytest.raises(ValueError, match=r"theta0 must have shape \(k,\)"):
         good.start(jnp.zeros((1, 1)))
     with pytest.raises(TypeError, match="log_lik must be a function"):
