@@ -108,6 +108,26 @@ def test_a_large_constant_in_log_p_changes_nothing(constant):
     assert abs(float(res.log_evidence) - exact) < 0.1
 
 
+def test_gamma_draws_stay_positive_in_float32():
+    """Issue 16, reproducer 6: Gamma(0.05, 1) draws fell below float32's smallest
+    normal number (1 in 80) and rounded to 0, where log p is -inf: the fit was flagged
+    and told the user to "use Gamma". Draws now stay in (0, inf), and the exact target
+    is recovered to float32 round-off; its evidence is log Gamma(0.05)."""
+    f32 = jnp.float32
+    x = jaxvb.Gamma(jnp.full(1, 0.05, f32), jnp.ones(1, f32)).sample(KEY, (10_000,))
+    assert float(jnp.min(x)) > 0.0 and bool(jnp.all(jnp.isfinite(x)))
+    x = jaxvb.InverseGamma(jnp.full(1, 0.05, f32), jnp.ones(1, f32)).sample(KEY, (10_000,))
+    assert float(jnp.min(x)) > 0.0 and bool(jnp.all(jnp.isfinite(x)))
+    log_joint = lambda x: (0.05 - 1.0) * jnp.log(x[0]) - x[0]  # noqa: E731
+    q0 = jaxvb.Gamma(jnp.ones(1, f32), jnp.ones(1, f32))
+    res = jaxvb.fit(log_joint, q0, KEY, num_steps=400)
+    assert int(res.status) == 0
+    np.testing.assert_allclose(
+        [res.q.concentration[0], res.q.rate[0]], [0.05, 1.0], rtol=1e-3
+    )
+    np.testing.assert_allclose(float(res.log_evidence), 2.968879, atol=1e-3)
+
+
 def test_keys_and_empty_models_get_clear_errors():
     """Issue 16, reproducer 10: wrong key types and dimension 0 are named up front (not
     a raw JAX error, not a ZeroDivisionError after the whole fit)."""

@@ -9,6 +9,7 @@ from jaxvb.families._base import (
     Array,
     ScalarFamily,
     build,
+    positive,
     register_family,
 )
 
@@ -48,7 +49,7 @@ class Exponential(ScalarFamily):
         return jax.random.exponential(key, self.event_shape, self.dtype)
 
     def from_noise(self, noise):
-        return noise / self.rate
+        return positive(noise / self.rate)
 
     def antithetic(self, noise):
         # The standard exponential at the reflected uniform: F(e') = 1 - F(e). A noise of

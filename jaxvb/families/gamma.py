@@ -10,6 +10,7 @@ from jaxvb.families._base import (
     Array,
     ScalarFamily,
     build,
+    positive,
     register_family,
 )
 
@@ -53,7 +54,7 @@ class Gamma(ScalarFamily):
         return key
 
     def from_noise(self, noise):
-        return (
+        return positive(
             standard_gamma(noise, jnp.asarray(self.concentration, self.dtype)) / self.rate
         )
 

@@ -10,6 +10,7 @@ from jaxvb.families._base import (
     Array,
     ScalarFamily,
     build,
+    positive,
     register_family,
 )
 
@@ -53,8 +54,8 @@ class InverseGamma(ScalarFamily):
         return key
 
     def from_noise(self, noise):
-        return self.scale / standard_gamma(
-            noise, jnp.asarray(self.concentration, self.dtype)
+        return positive(
+            self.scale / standard_gamma(noise, jnp.asarray(self.concentration, self.dtype))
         )
 
     def in_support(self, x):
