@@ -10,7 +10,10 @@ code over all elements at once.
 Draws: Marsaglia & Tsang (2000), ``num_candidates`` proposals per element drawn at once
 and the first accepted one kept; the rare element with none accepted (probability
 below ``0.05 ** num_candidates`` for ``a >= 1``) draws again in a ``while`` loop, so the
-draws are exact. ``a < 1`` is boosted: ``G(a) = G(a + 1) U^(1/a)``, in log space.
+draws are exact. The loop stops after ``_MAX_ROUNDS`` rounds whatever the input (an
+element still without a draw, which needs a shape that is not finite and positive or a
+chance below ``0.05 ** (num_candidates * _MAX_ROUNDS)``, gets NaN): every loop of a
+compiled fit has a bound. ``a < 1`` is boosted: ``G(a) = G(a + 1) U^(1/a)``, in log space.
 
 Derivative: the paper's section 5.2 remark -- any sampler will do, and the draw is then
 differentiated *as if* by inverse transform (Figurnov et al. 2018's implicit
@@ -116,6 +119,10 @@ def _reparameterised_jvp(primals, tangents):
     return log_x, log_sample_derivative(a, log_x) * a_dot
 
 
+#: Rounds of ``num_candidates`` proposals at most (the first one included).
+_MAX_ROUNDS = 64
+
+
 def _uniforms(key, a, num_candidates):
     """All the randomness of one round, from one call of the generator.
 
@@ -166,9 +173,10 @@ def log_standard_gamma(key, a, num_candidates: int = 4):
     a1 = jnp.where(boost, alpha + 1.0, alpha)
     z, log_u, u_boost = _uniforms(key, a1, num_candidates)
     log_x, found = _marsaglia_tsang(z, log_u, a1)
-    # A shape that is not positive (or NaN) is never accepted: mark it done, so the
-    # retry loop ends, and give it a NaN draw.
-    valid = alpha > 0
+    # A shape that is not positive and finite (NaN, inf) is never accepted (at inf the
+    # acceptance test is inf - inf): mark it done, so the retry loop ends, and give it
+    # a NaN draw.
+    valid = (alpha > 0) & jnp.isfinite(alpha)
     found = found | ~valid
 
     def more(carry):
@@ -178,12 +186,14 @@ def log_standard_gamma(key, a, num_candidates: int = 4):
         take = ~found & new_found
         return i + 1, jnp.where(take, new, log_x), found | new_found
 
-    _, log_x, _ = jax.lax.while_loop(
-        lambda carry: ~jnp.all(carry[2]), more, (jnp.ones((), jnp.uint32), log_x, found)
+    _, log_x, found = jax.lax.while_loop(
+        lambda carry: (carry[0] < _MAX_ROUNDS) & ~jnp.all(carry[2]),
+        more,
+        (jnp.ones((), jnp.uint32), log_x, found),
     )
     # Gamma(a) = Gamma(a + 1) U^(1/a); log U = log1p(-U') keeps U > 0.
     log_x = jnp.where(boost, log_x + jnp.log1p(-u_boost) / alpha, log_x)
-    log_x = jnp.where(valid, log_x, jnp.nan)
+    log_x = jnp.where(valid & found, log_x, jnp.nan)
     return _reparameterised(a, jax.lax.stop_gradient(log_x))
 
 
