@@ -7,7 +7,8 @@ import pytest
 
 def rel_err(a, b):
     """The largest elementwise relative error of ``a`` against ``b``."""
-    a, b = np.asarray(a), np.asarray(b)
+    # in float64: the floor 1e-300 is 0 in float32, and 0 / 0 a NaN that max() drops
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-300)))
 
 
@@ -15,7 +16,8 @@ def family_rel_err(q, target):
     """The largest relative error over the parameters of two families of one type."""
     leaves_q = jax.tree_util.tree_leaves(q)
     leaves_t = jax.tree_util.tree_leaves(target)
-    return max(rel_err(a, b) for a, b in zip(leaves_q, leaves_t, strict=True))
+    # np.max, not max(): a NaN anywhere must fail the comparison, not be skipped
+    return float(np.max([rel_err(a, b) for a, b in zip(leaves_q, leaves_t, strict=True)]))
 
 
 def tiered(values, slow=()):
