@@ -281,6 +281,36 @@ class GaussianMixture(Family):
     def antithetic(self, noise: Array) -> Array:
         return -noise
 
+    def noise_from_uniforms(self, u: Array) -> Array:
+        """The :meth:`noise` whose draw is that of the ``d + 1`` uniforms ``u``.
+
+        ``u[0]`` picks the label by the inverse CDF of the weights, ``u[1:]`` are the
+        component's normals by their quantiles: so that stratified or quasi-random
+        uniforms (:func:`jaxvb.diagnostics.mixture_evidence`) give draws of ``q``.
+        """
+        u = jnp.asarray(u, self.dtype)
+        return jnp.concatenate([ndtri(u[1:]), ndtri(0.5 + 0.5 * u[:1])])
+
+    def widened(self, share: float = 0.5, scale: float = 2.5) -> GaussianMixture:
+        """The defensive mixture ``(1 - share) q + share q_scale``, ``2K`` components.
+
+        ``q_scale`` is ``q`` with every covariance times ``scale^2``. As an importance
+        sampling proposal for ``p`` its ratios ``q / proposal`` are at most
+        ``1 / (1 - share)``, and ``p / proposal`` stays moderate where ``p``'s tails
+        are heavier than ``q``'s (Hesterberg 1995, defensive importance sampling).
+
+        Example:
+          >>> import jax.numpy as jnp, jaxvb
+          >>> q = jaxvb.GaussianMixture(jnp.ones(1), jnp.zeros((1, 1)), jnp.ones((1, 1, 1)))
+          >>> w = q.widened(0.5, 2.0)
+          >>> w.weights.tolist(), w.covs.ravel().tolist()
+          ([0.5, 0.5], [1.0, 4.0])
+        """
+        weights = jnp.concatenate([(1.0 - share) * self.weights, share * self.weights])
+        means = jnp.concatenate([self.means, self.means])
+        covs = jnp.concatenate([self.covs, scale**2 * self.covs])
+        return build(GaussianMixture, weights=weights, means=means, covs=covs)
+
     def component_noise(self, key: Array) -> Array:
         """Noise for one draw of every component: ``K d + 1`` standard normals.
 
