@@ -185,12 +185,10 @@ class Arrowhead:
         count twice); ``B`` may be a selected inverse, ``A`` of its pattern or
         narrower."""
         w = a.band.shape[0]
-        return (
-            jnp.sum(a.band[0] * b.band[0])
-            + 2.0 * jnp.sum(a.band[1:] * b.band[1:w])
-            + 2.0 * jnp.sum(a.border * b.border)
-            + jnp.sum(a.corner * b.corner)
-        )
+        out = jnp.sum(a.band[0] * b.band[0])
+        if w > 1:  # static: diagonal sites have no off-diagonal band
+            out = out + 2.0 * jnp.sum(a.band[1:] * b.band[1:w])
+        return out + 2.0 * jnp.sum(a.border * b.border) + jnp.sum(a.corner * b.corner)
 
     @staticmethod
     def site_quad(s, x):
@@ -211,12 +209,13 @@ def ops(precision):
     return Dense
 
 
-def log_normaliser(o, logdet_prior, chol, c, mean, prior_quad=0.0) -> Array:
+def log_normaliser(o, logdet_prior, chol, c, mean, prior_quad=None) -> Array:
     """``log Z = (log|Q| - log|P| + c'mu - m'Q m) / 2`` from ``log|Q|`` (a
     pseudo-determinant where ``Q`` is flat in some directions that the sites
     inform), the factor of ``P``, ``c = Q m + b``, ``mu = P^{-1} c`` and ``m'Q m``
-    (``prior_quad``; 0 for a zero prior mean)."""
-    return 0.5 * (logdet_prior - o.logdet(chol) + jnp.dot(c, mean) - prior_quad)
+    (``prior_quad``; ``None`` for a zero prior mean)."""
+    value = logdet_prior - o.logdet(chol) + jnp.dot(c, mean)
+    return 0.5 * (value if prior_quad is None else value - prior_quad)
 
 
 def expected_log_site(o, sites, shift, mean, cov) -> Array:
