@@ -15,6 +15,7 @@ import pytest
 from helpers import tiered
 
 import jaxvb
+from jaxvb import linalg
 from jaxvb.linalg import Arrowhead, Banded, to_dense
 
 KEY = jax.random.key(0)
@@ -327,3 +328,78 @@ def test_poisson_random_walk_agrees_with_nuts():
     assert err[0] < 0.25 and 0.7 < ratio[0] < 1.3, (err[0], ratio[0])
     assert np.sqrt(np.mean(err[1:] ** 2)) < 0.15, err
     assert 0.8 < np.median(ratio[1:]) < 1.2, ratio
+
+
+def _field_case(kind):
+    """A prior ``(m, Q)``, sites ``(S, b)`` of structure ``kind`` and ``S`` dense."""
+    rng = np.random.default_rng(3)
+    t = 7
+    a = rng.uniform(0.5, 2.0, t)
+    b = rng.normal(size=t)
+    if kind == "dense":
+        x = rng.normal(size=(t, t))
+        q = x @ x.T / t + np.eye(t)
+        return rng.normal(size=t), jnp.asarray(q), jnp.asarray(a), np.diag(a), b, q
+    band = np.stack([rng.uniform(2.0, 3.0, t), np.append(rng.uniform(-0.9, 0.9, t - 1), 0)])
+    if kind == "banded":
+        q = Banded(jnp.asarray(band))
+        return rng.normal(size=t), q, jnp.asarray(a), np.diag(a), b, to_dense(band)
+    # the arrowhead: T - 1 banded coordinates and one border (a level), zero prior mean
+    q = Arrowhead(
+        jnp.asarray(band[:, :-1]),
+        jnp.asarray(rng.normal(size=(t - 1, 1)) * 0.3),
+        jnp.full((1, 1), 2.0),
+    )
+    sites = Arrowhead(
+        jnp.asarray(a[None, :-1]), jnp.asarray(0.5 * a[:-1, None]), jnp.full((1, 1), 3.0)
+    )
+    return (
+        np.zeros(t),
+        q,
+        sites,
+        np.asarray(linalg.to_dense_arrowhead(sites)),
+        b,
+        np.asarray(linalg.to_dense_arrowhead(q)),
+    )
+
+
+@pytest.mark.parametrize("kind", ["dense", "banded", "arrowhead"])
+def test_field_algebra_matches_dense_formulas(kind):
+    """jaxvb._field (shared by LatentGaussian and the SV composite) against dense
+    algebra: log Z from the Gaussian-likelihood identity exp(b'f - f'Sf/2) = N(y | f,
+    S^{-1}) (2 pi)^{T/2} |S|^{-1/2} exp(y'Sy/2) with y = S^{-1} b (no shared formula),
+    E[log site] with the full covariance (the selected pattern must give the same)."""
+    from scipy import stats
+
+    from jaxvb import _field
+
+    m, q, sites, s_dense, b, q_dense = _field_case(kind)
+    o = _field.ops(q)
+    c = o.matvec(q, jnp.asarray(m)) + b
+    chol, mean, cov = o.moments(o.add_sites(q, sites), c)
+    p = q_dense + s_dense
+    sigma = np.linalg.inv(p)
+    np.testing.assert_allclose(mean, np.linalg.solve(p, q_dense @ m + b), rtol=1e-10)
+    log_z = _field.log_normaliser(
+        o, np.linalg.slogdet(q_dense)[1], chol, c, mean, m @ q_dense @ m
+    )
+    y = np.linalg.solve(s_dense, b)
+    t = b.shape[0]
+    expected = (
+        stats.multivariate_normal(
+            m, np.linalg.inv(q_dense) + np.linalg.inv(s_dense)
+        ).logpdf(y)
+        + 0.5 * t * math.log(2 * math.pi)
+        - 0.5 * np.linalg.slogdet(s_dense)[1]
+        + 0.5 * y @ s_dense @ y
+    )
+    np.testing.assert_allclose(float(log_z), expected, rtol=1e-10)
+    site = _field.expected_log_site(o, sites, b, mean, cov)
+    dense_site = b @ mean - 0.5 * (mean @ s_dense @ mean + np.trace(s_dense @ sigma))
+    np.testing.assert_allclose(float(site), dense_site, rtol=1e-10)
+    z = np.linspace(-1.0, 1.0, t)
+    np.testing.assert_allclose(
+        _field.site_shift(o, sites, jnp.ones(t), jnp.asarray(z)),
+        1.0 + s_dense @ z,
+        rtol=1e-12,
+    )
