@@ -31,6 +31,7 @@ from jaxvb._indices import out_of_bounds_reads
 from jaxvb._laplace import _laplace, default_tol, near_mode, raise_for, working_dtype
 from jaxvb._result import (  # noqa: F401  (re-exported for jaxvb._fit's old users)
     ERRORS,
+    KHAT_THRESHOLD,
     FitError,
     FitWarning,
     Result,
@@ -45,6 +46,9 @@ from jaxvb.methods import Method, resolve
 #: Fewest finite diagnostic draws from which a negative R^2 is flagged POOR_FIT (the
 #: variances' relative standard error is then ~20% or less).
 MIN_POOR_FIT_DRAWS = 50
+#: A fixed-point shift beyond this multiple of the check's threshold is NOT_CONVERGED
+#: (an error); between the threshold and it, UNSETTLED (a warning).
+UNSETTLED_FACTOR = 3.0
 
 
 def _check_log_joint(log_joint, q0):
@@ -574,8 +578,14 @@ def _fit(
     status = state.status | jnp.where(good, 0, int(Status.IMPROPER_RESULT))
     if checking_on:
         shift, noise = _check_distances(check, method, log_joint)
-        settled = jnp.isfinite(shift) & (shift <= jnp.maximum(1.0, noise))
-        status = status | jnp.where(good & ~settled, int(Status.NOT_CONVERGED), 0)
+        # Three zones, so that a fit near the threshold is not an error with one key
+        # and clean with the next: settled, unsettled (a warning) up to three times
+        # the threshold, not converged (an error) beyond.
+        threshold = jnp.maximum(1.0, noise)
+        settled = jnp.isfinite(shift) & (shift <= threshold)
+        far = ~jnp.isfinite(shift) | (shift > UNSETTLED_FACTOR * threshold)
+        status = status | jnp.where(good & far, int(Status.NOT_CONVERGED), 0)
+        status = status | jnp.where(good & ~settled & ~far, int(Status.UNSETTLED), 0)
 
     diag = diagnostics.evaluate(
         key_eval, q, log_p_centred, num_eval_draws, chunk_size=_chunk_size(_size(q))
@@ -588,6 +598,8 @@ def _fit(
     # diagnostics): judged from MIN_POOR_FIT_DRAWS finite draws or more
     judged = (num_eval_draws - diag.num_nonfinite) >= MIN_POOR_FIT_DRAWS
     status = status | jnp.where(judged & (diag.r_squared < 0.0), int(Status.POOR_FIT), 0)
+    high_khat = (diag.khat > KHAT_THRESHOLD) & diag.khat_informative
+    status = status | jnp.where(judged & high_khat, int(Status.HIGH_KHAT), 0)
     return Result(
         q=q,
         elbo=diag.elbo,

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from jaxvb import diagnostics as _diagnostics
 from jaxvb.families._base import is_concrete
 
 
@@ -55,6 +56,20 @@ class Status(enum.IntFlag):
     #: noisy estimate, or a posterior this family cannot follow); ``q`` should not be
     #: trusted.
     POOR_FIT = 64
+    #: Warning: one more update from fresh draws of ``q`` moves it by more than the
+    #: check's threshold (``max(1 nat, the update's own noise)``) but by less than
+    #: three times it, where :attr:`NOT_CONVERGED` starts. The iteration may not have
+    #: settled; the gap between the two keeps ``Result.ok`` from flipping with the
+    #: random key for a fit near the threshold (issue 16). More steps will tell.
+    UNSETTLED = 128
+    #: Warning: the Pareto k-hat of the importance ratios ``p / q`` is above 0.7
+    #: (Stan's threshold) and ``log p - log q`` is not nearly constant (variance
+    #: above 1e-4), judged from 50 finite diagnostic draws or more: ``q``'s tails are
+    #: lighter than the posterior's or it misses mass (a funnel, a skewed or
+    #: heavy-tailed posterior), so its expectations can be off although its other
+    #: diagnostics look fine. Often set for fits in hundreds of dimensions, where
+    #: k-hat is pessimistic (the moments may still be good: compare with a reference).
+    HIGH_KHAT = 256
 
 
 #: Flags that make a result untrustworthy (``Result.ok`` is False, ``fit`` raises).
@@ -281,11 +296,18 @@ def explain(result: Result) -> str:
         )
     if Status.NONFINITE_LOG_DENSITY in status:
         x = np.asarray(result.nonfinite_draw)
+        remedy = (
+            "log_joint is not finite at some draws of the approximating family (a "
+            f"{type(result.q).__name__}, whose draws stay in its support): check "
+            "log_joint there, or that it is not rounded to inf (fit in float64)"
+            if type(result.q).__name__ in ("Gamma", "InverseGamma", "Exponential", "Beta")
+            else "Make sure log_joint is finite on the whole support of the approximating "
+            "family (e.g. use Gamma for a positive parameter, or transform it to the "
+            "real line)"
+        )
         lines.append(
             f"log_joint was not finite at x = {x.tolist()} (first at step "
-            f"{int(result.first_nonfinite_step)}); such draws were left out. Make sure "
-            "log_joint is finite on the whole support of the approximating family (e.g. "
-            "use Gamma for a positive parameter, or transform it to the real line)."
+            f"{int(result.first_nonfinite_step)}); such draws were left out. {remedy}."
         )
     if Status.LAPLACE_FAILED in status:
         lines.append(
@@ -305,6 +327,14 @@ def explain(result: Result) -> str:
             f"{moved}, so the iteration had not settled when it stopped. Start from a "
             "point x0 (fit(log_joint, x0, ...) starts from the Laplace approximation "
             "there), or increase num_steps."
+        )
+    if Status.UNSETTLED in status:
+        lines.append(
+            "one more update from fresh draws of q moves it by "
+            f"{float(np.asarray(result.fixed_point_shift)):.3g} nats (KL), above the "
+            "check's threshold (1 nat or the update's own noise) but below three times "
+            "it (NOT_CONVERGED): the iteration may not have settled. Increase num_steps "
+            "and compare, or start from a point x0 (the Laplace approximation there)."
         )
     if Status.POOR_FIT in status:
         lines.append(
@@ -326,11 +356,11 @@ def explain(result: Result) -> str:
 
 #: Above this Pareto k-hat (Stan's threshold, Vehtari et al. 2024) importance sampling
 #: from ``q`` is unreliable.
-KHAT_THRESHOLD = 0.7
+KHAT_THRESHOLD = _diagnostics.KHAT_THRESHOLD
 #: Below this variance of the log ratios ``log p - log q`` (sd 0.01: weights within
 #: ~1% of each other) k-hat is not informative: an almost exact fit whose ratios
 #: differ by round-off can give any k-hat.
-KHAT_MIN_VARIANCE = 1e-4
+KHAT_MIN_VARIANCE = _diagnostics.KHAT_MIN_VARIANCE
 
 
 def _khat_line(result) -> str | None:
@@ -343,7 +373,8 @@ def _khat_line(result) -> str | None:
     variance = float(np.asarray(getattr(result, "residual_variance", np.inf)))
     if not math.isfinite(khat) or khat <= KHAT_THRESHOLD:
         return None
-    if variance < KHAT_MIN_VARIANCE:
+    flagged = Status.HIGH_KHAT in Status(int(np.asarray(result.status)))
+    if variance < KHAT_MIN_VARIANCE and not flagged:
         return None
     return (
         f"the Pareto k-hat of the importance ratios p/q over the diagnostics' draws is "
@@ -408,6 +439,7 @@ def check(
     )
     if flags & ERRORS and on_failure == "raise":
         raise FitError(f"{who}: {explain(result)}", result)
-    if flags & (ERRORS | Status.NONFINITE_DIAGNOSTICS) or late_improper:
+    warned = ERRORS | Status.NONFINITE_DIAGNOSTICS | Status.UNSETTLED | Status.HIGH_KHAT
+    if flags & warned or late_improper:
         warnings.warn(f"{who}: {explain(result)}", FitWarning, stacklevel=stacklevel + 1)
     return result

@@ -30,6 +30,12 @@ import numpy as np
 
 from jaxvb.families.mixture import GaussianMixture
 
+#: Stan's k-hat threshold, and the variance of the log ratios below which k-hat is
+#: not read (sd 0.01: the weights are all within ~1% of each other); jaxvb._result
+#: and fit use these.
+KHAT_THRESHOLD = 0.7
+KHAT_MIN_VARIANCE = 1e-4
+
 
 class Diagnostics(NamedTuple):
     """Section 4's measures for one approximation (scalars; batched under ``vmap``).
@@ -56,6 +62,10 @@ class Diagnostics(NamedTuple):
         of ``kl``, ``log_evidence`` and ``r_squared`` (delta method over the draws:
         the standard deviation of each draw's influence on the estimate over
         ``sqrt(n)``); 0 for an exact fit, where ``log p - log q`` is constant.
+      khat_informative: whether ``khat`` says something: the log ratios at ``q``'s
+        draws are not nearly constant (variance at least
+        :data:`jaxvb._result.KHAT_MIN_VARIANCE`), or, for a mixture, the evidence's
+        own wide draws gave a k-hat above 0.7 (:func:`mixture_evidence`).
 
     Example:
       ``q = N(0, 1)`` against the normalised ``p = N(0, 2)``: the ELBO is ``-KL(q || p)
@@ -84,6 +94,7 @@ class Diagnostics(NamedTuple):
     kl_stderr: jax.Array
     log_evidence_stderr: jax.Array
     r_squared_stderr: jax.Array
+    khat_informative: jax.Array
 
 
 def evaluate(
@@ -171,6 +182,7 @@ def evaluate(
         kl_stderr=known(kl_stderr),
         log_evidence_stderr=known(evidence_stderr),
         r_squared_stderr=known(r2_stderr),
+        khat_informative=s2 >= KHAT_MIN_VARIANCE,
     )
     if isinstance(q, GaussianMixture):
         # s^2/2 assumes a near-Gaussian residual, which a mixture's is not (and one
@@ -183,6 +195,10 @@ def evaluate(
             kl=known(ev.kl),
             log_evidence_stderr=known(ev.log_evidence_stderr),
             kl_stderr=known(ev.kl_stderr),
+            # the evidence's own ratios too: its wide draws can reach a mode q misses,
+            # which q's own draws never see (HIGH_KHAT then says the estimate is off)
+            khat=jnp.fmax(out.khat, ev.khat),
+            khat_informative=out.khat_informative | (ev.khat > KHAT_THRESHOLD),
         )
     return out
 
@@ -221,6 +237,9 @@ class Evidence(NamedTuple):
       log_evidence_stderr, kl_stderr: delta-method standard errors as for independent
         draws (the quasi-random draws do better: an upper bound in practice).
       num_nonfinite: draws at which ``log_joint`` was NaN or ``+inf`` (left out).
+      khat: the Pareto k-hat of the importance ratios ``p / proposal`` (:func:`psis`):
+        above 0.7 the estimates cannot be trusted, e.g. when the wide draws reach mass
+        that ``q`` misses (a mode it does not cover).
     """
 
     log_evidence: jax.Array
@@ -228,6 +247,7 @@ class Evidence(NamedTuple):
     log_evidence_stderr: jax.Array
     kl_stderr: jax.Array
     num_nonfinite: jax.Array
+    khat: jax.Array
 
 
 #: Share and covariance scale of the wide half of :func:`mixture_evidence`'s proposal.
@@ -376,6 +396,7 @@ def mixture_evidence(
         log_evidence_stderr=stderr(d_log_z),
         kl_stderr=stderr(d_kl),
         num_nonfinite=num_draws - jnp.sum(ok),
+        khat=psis(log_w).khat,
     )
 
 

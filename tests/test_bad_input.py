@@ -128,6 +128,26 @@ def test_gamma_draws_stay_positive_in_float32():
     np.testing.assert_allclose(float(res.log_evidence), 2.968879, atol=1e-3)
 
 
+def test_half_precision_families_and_a_traced_step_size_of_zero():
+    """Issue 16, reproducer 10: float16 parameters are refused when the family is
+    built, by name (not JAX's "unsupported in linalg"); a step size of 0 that arrives
+    traced (so ``fit`` cannot refuse it) leaves q at q0's one-step update, which the
+    convergence check flags on a non-Gaussian target."""
+    for make in (
+        lambda h: jaxvb.Gaussian(jnp.zeros(2, h), jnp.eye(2, dtype=h)),
+        lambda h: jaxvb.Gamma(jnp.ones(1, h), jnp.ones(1, h)),
+    ):
+        with pytest.raises(TypeError, match="dtype float16; jaxvb's families work in"):
+            make(jnp.float16)
+
+    def quartic(x):
+        return -0.25 * jnp.sum((x - 6.0) ** 4) - 0.5 * jnp.sum(x**2)
+
+    run = jax.jit(lambda w: jaxvb.fit(quartic, Q0, KEY, num_steps=20, step_size=w))
+    res = run(0.0)
+    assert int(res.status) & int(jaxvb.Status.NOT_CONVERGED) and not bool(res.ok)
+
+
 def test_keys_and_empty_models_get_clear_errors():
     """Issue 16, reproducer 10: wrong key types and dimension 0 are named up front (not
     a raw JAX error, not a ZeroDivisionError after the whole fit)."""

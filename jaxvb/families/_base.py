@@ -122,6 +122,13 @@ def as_float_arrays(*values):
     dtype = jnp.result_type(*arrays)
     if not jnp.issubdtype(dtype, jnp.floating):
         dtype = jnp.result_type(float)
+    if jnp.dtype(dtype).itemsize < 4:
+        raise TypeError(
+            f"the parameters have dtype {jnp.dtype(dtype).name}; jaxvb's families work in "
+            "float32 or float64 (float16 and bfloat16 lose the regression statistics to "
+            "round-off, and JAX's linear algebra refuses them). Build the family from "
+            "float32 or float64 arrays."
+        )
     return tuple(a.astype(dtype) for a in arrays)
 
 
