@@ -66,3 +66,22 @@ def test_every_fit_reports_khat_and_explain_reads_it():
         lambda x: -0.5 * jnp.sum((x - 1.0) ** 2), q0, jax.random.key(0), num_steps=20
     )
     assert np.ndim(exact.khat) == 0 and jaxvb.explain(exact) == "ok"
+
+
+def test_following_the_remedy_does_not_clear_the_flag_of_a_wrong_answer():
+    """Issue 16: the centred eight schools from zeros fails its Laplace start; the
+    message's remedy, a Gaussian q0, ran to status 0 although the Gaussian cannot
+    follow the funnel (k-hat 1.1 by hand). It is now flagged HIGH_KHAT, with more
+    steps too."""
+    from jaxvb.models import eight_schools
+
+    q0 = jaxvb.Gaussian(jnp.zeros(10), jnp.eye(10))
+    res = jaxvb.fit(
+        eight_schools.log_joint_centered,
+        q0,
+        jax.random.key(0),
+        num_steps=1000,
+        on_failure="ignore",
+    )
+    assert jaxvb.Status.HIGH_KHAT in jaxvb.Status(int(res.status)) and bool(res.ok)
+    assert float(res.khat) > 0.9
