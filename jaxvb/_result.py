@@ -63,12 +63,14 @@ class Status(enum.IntFlag):
     #: random key for a fit near the threshold (issue 16). More steps will tell.
     UNSETTLED = 128
     #: Warning: the Pareto k-hat of the importance ratios ``p / q`` is above 0.7
-    #: (Stan's threshold) and ``log p - log q`` is not nearly constant (variance
-    #: above 1e-4), judged from 50 finite diagnostic draws or more: ``q``'s tails are
-    #: lighter than the posterior's or it misses mass (a funnel, a skewed or
-    #: heavy-tailed posterior), so its expectations can be off although its other
-    #: diagnostics look fine. Often set for fits in hundreds of dimensions, where
-    #: k-hat is pessimistic (the moments may still be good: compare with a reference).
+    #: (Stan's threshold) and ``q`` is materially off: ``Var_q[log p - log q]`` is
+    #: 0.5 or more (an approximate KL of 0.25 nats), judged from 50 finite diagnostic
+    #: draws or more; or, for a :class:`jaxvb.GaussianMixture`, its evidence's wide
+    #: draws reached mass that ``q`` misses. ``q``'s tails are lighter than the
+    #: posterior's or it misses mass (a funnel, a skewed or heavy-tailed posterior),
+    #: so its expectations can be off. (A k-hat above 0.7 on a closer fit is reported
+    #: by :func:`explain` without a flag: k-hat alone is noisy, and pessimistic in
+    #: many dimensions.)
     HIGH_KHAT = 256
 
 

@@ -47,20 +47,20 @@ def test_corrected_expectation_recovers_the_target_mean():
 
 
 def test_every_fit_reports_khat_and_explain_reads_it():
-    """A Gaussian fitted to a Student-t with 2 degrees of freedom ends with R^2 0.89,
-    but the ratios p/q have a heavy tail: k-hat above 0.7, the warning flag HIGH_KHAT
-    (res.ok stays True; fit warns) and explain says why. An exact fit's k-hat is not
-    read (its log ratios are constant)."""
+    """A Gaussian fitted to a Student-t with 2 degrees of freedom ends with R^2 0.89
+    and s^2 0.07 (an approximate KL of 0.035 nats), but the ratios p/q have a heavy
+    tail: k-hat above 0.7, and explain says so ("ok, but"); the fit is close, so no
+    flag (HIGH_KHAT needs s^2 >= 0.5 as well). An exact fit's k-hat is not read (its
+    log ratios are constant)."""
 
     def student_t2(x):
         return -1.5 * jnp.sum(jnp.log1p(x**2 / 2.0))
 
     q0 = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
-    with pytest.warns(jaxvb.FitWarning, match="Pareto k-hat"):
-        res = jaxvb.fit(student_t2, q0, jax.random.key(0), num_steps=200)
-    assert jaxvb.Status(int(res.status)) == jaxvb.Status.HIGH_KHAT and bool(res.ok)
-    assert float(res.khat) > 0.7
-    assert jaxvb.explain(res).startswith("the Pareto k-hat")
+    res = jaxvb.fit(student_t2, q0, jax.random.key(0), num_steps=200)
+    assert int(res.status) == 0 and float(res.khat) > 0.7
+    assert float(res.residual_variance) < 0.5
+    assert jaxvb.explain(res).startswith("ok, but the Pareto k-hat")
 
     exact = jaxvb.fit(
         lambda x: -0.5 * jnp.sum((x - 1.0) ** 2), q0, jax.random.key(0), num_steps=20
@@ -84,4 +84,6 @@ def test_following_the_remedy_does_not_clear_the_flag_of_a_wrong_answer():
         on_failure="ignore",
     )
     assert jaxvb.Status.HIGH_KHAT in jaxvb.Status(int(res.status)) and bool(res.ok)
-    assert float(res.khat) > 0.9
+    assert float(res.khat) > 0.9 and float(res.residual_variance) > 0.5
+    with pytest.warns(jaxvb.FitWarning, match="Pareto k-hat"):
+        jaxvb.check(res, "raise")  # a warning, not an error
