@@ -248,6 +248,13 @@ class Evidence(NamedTuple):
       khat: the Pareto k-hat of the importance ratios ``p / proposal`` (:func:`psis`):
         above 0.7 the estimates cannot be trusted, e.g. when the wide draws reach mass
         that ``q`` misses (a mode it does not cover).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> q = jaxvb.GaussianMixture(jnp.ones(1), jnp.zeros((1, 1)), jnp.ones((1, 1, 1)))
+      >>> ev = jaxvb.diagnostics.mixture_evidence(jax.random.key(0), q, q.log_prob)
+      >>> round(float(ev.log_evidence), 6), ev._fields[-1]   # p = q: log Z = 0
+      (0.0, 'khat')
     """
 
     log_evidence: jax.Array

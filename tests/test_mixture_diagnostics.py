@@ -59,6 +59,7 @@ def _exact(log_joint, q):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("mixture_diagnostics_fits")  # the four fits once, not per worker
 @pytest.mark.parametrize("k", COMPONENTS)
 def test_reported_kl_and_evidence_agree_with_quadrature(fits, k):
     log_joint, results = fits
