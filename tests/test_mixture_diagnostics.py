@@ -108,6 +108,7 @@ def test_beta_binomial_log_joint_is_accurate_for_large_k():
         assert v == pytest.approx(reference(x1, x2), abs=1e-8), (x1, x2)
 
 
+@pytest.mark.slow  # (the docstring example of mixture_evidence stays fast)
 def test_mixture_evidence_is_exact_for_a_same_family_target():
     q = jaxvb.GaussianMixture(
         jnp.array([0.2, 0.8]),

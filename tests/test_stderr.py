@@ -4,6 +4,7 @@ estimate has over evaluation keys."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jaxvb
 
@@ -28,6 +29,7 @@ def test_standard_errors_match_the_spread_over_keys():
         assert abs(reported / spread - 1.0) < 0.15, (name, reported, spread)
 
 
+@pytest.mark.slow  # (an exact case of evaluate is diagnostics' docstring example)
 def test_standard_errors_of_an_exact_fit_are_zero_and_reach_the_result():
     q = jaxvb.Gaussian(jnp.ones(2), jnp.eye(2))
     d = jaxvb.diagnostics.evaluate(KEY, q, lambda x: q.log_prob(x) + 2.0, 100)
