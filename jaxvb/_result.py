@@ -274,6 +274,16 @@ def explain(result: Result) -> str:
       out. Make sure log_joint is finite on the whole support of the approximating family
       (e.g. use Gamma for a positive parameter, or transform it to the real line).
     """
+    if not is_concrete(result.status) or np.ndim(result.status) != 0:
+        raise TypeError(
+            "explain reads one concrete result; this one is "
+            + (
+                f"a batch of shape {np.shape(result.status)} (take one fit first: "
+                "jax.tree.map(lambda v: v[i], res), or res[i] for a jaxvb.numpyro result)"
+                if is_concrete(result.status)
+                else "traced (under jit/vmap: return it, then explain it outside)"
+            )
+        )
     status = Status(int(np.asarray(result.status)))
     tail = _khat_line(result)
     if status == Status.OK:

@@ -150,6 +150,14 @@ def test_half_precision_families_and_a_traced_step_size_of_zero():
     assert int(res.status) & int(jaxvb.Status.NOT_CONVERGED) and not bool(res.ok)
 
 
+def test_explain_names_a_batch_and_reads_one_of_its_fits():
+    run = jax.vmap(lambda k: jaxvb.fit(good, Q0, k, num_steps=20, num_eval_draws=20))
+    res = run(jax.random.split(KEY, 3))
+    with pytest.raises(TypeError, match=r"a batch of shape \(3,\) \(take one fit"):
+        jaxvb.explain(res)
+    assert jaxvb.explain(jax.tree.map(lambda v: v[1], res)) == "ok"
+
+
 def test_keys_and_empty_models_get_clear_errors():
     """Issue 16, reproducer 10: wrong key types and dimension 0 are named up front (not
     a raw JAX error, not a ZeroDivisionError after the whole fit)."""
