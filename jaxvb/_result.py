@@ -49,12 +49,14 @@ class Status(enum.IntFlag):
     #: it stopped (typically a start far from the posterior); ``q`` should not be
     #: trusted.
     NOT_CONVERGED = 32
-    #: The diagnostics' R^2 is below 0 (judged from 50 finite draws or more): over
-    #: draws of the fitted ``q``, ``log q``
+    #: The diagnostics' R^2 is below 0, or far below what the family reaches (judged
+    #: from 50 finite draws or more): over draws of the fitted ``q``, ``log q``
     #: explains none of the variation of ``log p`` (the residual varies more than
-    #: ``log p`` itself), so ``q`` is far from the posterior (too few steps for a
-    #: noisy estimate, or a posterior this family cannot follow); ``q`` should not be
-    #: trusted.
+    #: ``log p`` itself), or the family's own least-squares fit of ``log p`` at those
+    #: draws leaves a residual variance smaller by 0.4 or more (``q`` is 0.2 nats or
+    #: more from the family's best fit: ``Result.reachable_variance``). ``q`` is far
+    #: from the posterior (too few steps for a noisy estimate, or a posterior this
+    #: family cannot follow) and should not be trusted.
     POOR_FIT = 64
     #: Warning: one more update from fresh draws of ``q`` moves it by more than the
     #: check's threshold (``max(1 nat, the update's own noise)``) but by less than
@@ -118,6 +120,9 @@ class Result(NamedTuple):
       kl_stderr, log_evidence_stderr, r_squared_stderr: the Monte Carlo standard
         errors of ``kl``, ``log_evidence`` and ``r_squared`` (``elbo_stderr``'s
         counterparts; delta method over the diagnostics' draws).
+      reachable_variance: the residual variance of the family's own least-squares fit
+        of ``log p`` at the diagnostics' draws (``residual_variance`` can come down to
+        it; see :class:`jaxvb.diagnostics.Diagnostics`), NaN where not computed.
       khat: the Pareto k-hat of the importance ratios ``p / q`` at the diagnostics'
         draws (:func:`jaxvb.diagnostics.psis`); above 0.7 :func:`explain` says why it
         matters (not a status flag: it is read with ``residual_variance``).
@@ -157,6 +162,7 @@ class Result(NamedTuple):
     kl_stderr: jax.Array
     log_evidence_stderr: jax.Array
     r_squared_stderr: jax.Array
+    reachable_variance: jax.Array
     khat: jax.Array
     status: jax.Array
     first_improper_step: jax.Array
@@ -349,12 +355,21 @@ def explain(result: Result) -> str:
             "and compare, or start from a point x0 (the Laplace approximation there)."
         )
     if Status.POOR_FIT in status:
+        r2 = float(np.asarray(result.r_squared))
+        reach = float(np.asarray(getattr(result, "reachable_variance", np.nan)))
+        s2 = float(np.asarray(result.residual_variance))
+        why = (
+            f"R^2 is {r2:.3g}, below 0: over draws of q the residual log p - log q varies "
+            "more than log p itself, so q is far from the posterior"
+            if r2 < 0 or not math.isfinite(reach)
+            else f"R^2 is {r2:.3g}, but the family fits log p at q's own draws with a "
+            f"residual variance of {reach:.3g} against q's {s2:.3g} (q is "
+            f"~{(s2 - reach) / 2:.2g} nats from the family's best fit there), so the "
+            "iteration had not settled"
+        )
         lines.append(
-            f"R^2 is {float(np.asarray(result.r_squared)):.3g}, below 0: over draws of q "
-            "the residual log p - log q varies more than log p itself, so q is far from "
-            "the posterior. Increase num_steps (or draws per step), start from a point "
-            "x0 (the Laplace approximation there), or use a family that can follow the "
-            "posterior."
+            f"{why}. Increase num_steps (or draws per step), start from a point x0 (the "
+            "Laplace approximation there), or use a family that can follow the posterior."
         )
     if Status.NONFINITE_DIAGNOSTICS in status:
         lines.append(

@@ -74,6 +74,14 @@ class Diagnostics(NamedTuple):
         ``s^2`` is at least :data:`KHAT_FLAG_VARIANCE`, an approximate KL of 0.25
         nats), or, for a mixture, the evidence's own wide draws gave a k-hat above 0.7
         (:func:`mixture_evidence`: they reached mass that ``q`` misses).
+      reachable_variance: the residual variance of the best fit of ``log p`` by the
+        family at ``q``'s own draws: the least-squares regression of ``log p`` on
+        ``[1, T(x)]`` (``T`` the sufficient statistics; unbiased, divided by ``n - k -
+        1``). At a fixed point of the paper's regression ``q``'s own coefficients are
+        that regression's in expectation, so ``residual_variance`` exceeds it only by
+        Monte Carlo noise; a larger excess says ``q`` is not yet the family's best fit
+        (``Status.POOR_FIT``). NaN for families without sufficient statistics or with
+        too many of them for the draws (``10 (k + 1) > num_draws``).
 
     Example:
       ``q = N(0, 1)`` against the normalised ``p = N(0, 2)``: the ELBO is ``-KL(q || p)
@@ -103,6 +111,7 @@ class Diagnostics(NamedTuple):
     log_evidence_stderr: jax.Array
     r_squared_stderr: jax.Array
     khat_informative: jax.Array
+    reachable_variance: jax.Array
 
 
 def evaluate(
@@ -141,7 +150,9 @@ def evaluate(
         raise ValueError(f"num_draws must be at least 2, got {num_draws}")
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-    log_p, log_q = _log_densities(key, q, log_joint, num_draws, chunk_size)
+    reach = _reachable(q, num_draws)
+    dens = _log_densities(key, q, log_joint, num_draws, chunk_size, stats=reach)
+    log_p, log_q = dens[:2]
     ok = jnp.isfinite(log_p)
     n = jnp.sum(ok)
     nn = jnp.maximum(n, 2).astype(q.dtype)
@@ -191,6 +202,9 @@ def evaluate(
         log_evidence_stderr=known(evidence_stderr),
         r_squared_stderr=known(r2_stderr),
         khat_informative=s2 >= KHAT_FLAG_VARIANCE,
+        reachable_variance=known(_ols_variance(dens[2], log_p, ok))
+        if reach
+        else jnp.asarray(jnp.nan, q.dtype),
     )
     if isinstance(q, GaussianMixture):
         # s^2/2 assumes a near-Gaussian residual, which a mixture's is not (and one
@@ -211,7 +225,33 @@ def evaluate(
     return out
 
 
-def _log_densities(key, q, log_joint, num_draws: int, chunk_size: int):
+def _reachable(q, num_draws: int) -> bool:
+    """Whether :func:`evaluate` fits the family's own regression at ``q``'s draws: an
+    exponential family with at most ``num_draws / 10 - 1`` statistics, whose draws'
+    statistics fit in memory (``num_draws * k <= 2^22``)."""
+    from jaxvb.families._base import ExponentialFamily
+
+    if not isinstance(q, ExponentialFamily):
+        return False
+    k = q.num_stats
+    return 10 * (k + 1) <= num_draws and num_draws * k <= 2**22
+
+
+def _ols_variance(t: jax.Array, log_p: jax.Array, ok: jax.Array) -> jax.Array:
+    """Residual variance (over ``n - k - 1``) of the least-squares fit of ``log p`` on
+    ``[1, t]`` over the rows where ``ok``; centred first, which keeps float32 accurate."""
+    n = jnp.sum(ok).astype(log_p.dtype)
+    w = ok.astype(log_p.dtype)
+    t = jnp.where(ok[:, None], t, 0.0)
+    y = jnp.where(ok, log_p, 0.0)
+    tc = (t - jnp.sum(t, 0) / jnp.maximum(n, 1.0)) * w[:, None]
+    yc = (y - jnp.sum(y) / jnp.maximum(n, 1.0)) * w
+    coef = jnp.linalg.lstsq(tc, yc)[0]
+    k = t.shape[1]
+    return jnp.sum((yc - tc @ coef) ** 2) / jnp.maximum(n - k - 1.0, 1.0)
+
+
+def _log_densities(key, q, log_joint, num_draws: int, chunk_size: int, stats=False):
     """``log p`` and ``log q`` at ``num_draws`` draws of ``q``, in equal chunks.
 
     ``num_draws`` is cut into ``n`` chunks of equal size ``c <= chunk_size`` (the last
@@ -221,7 +261,8 @@ def _log_densities(key, q, log_joint, num_draws: int, chunk_size: int):
 
     def one(k):
         x, log_q = q.sample_and_log_prob(k)
-        return jnp.asarray(log_joint(x)).astype(q.dtype), log_q
+        out = (jnp.asarray(log_joint(x)).astype(q.dtype), log_q)
+        return out + (q.sufficient_stats(x),) if stats else out
 
     keys = jax.random.split(key, num_draws)
     num_chunks = -(-num_draws // chunk_size)
@@ -229,8 +270,8 @@ def _log_densities(key, q, log_joint, num_draws: int, chunk_size: int):
         return jax.vmap(one)(keys)
     size = -(-num_draws // num_chunks)
     padded = jnp.concatenate([keys, keys[: num_chunks * size - num_draws]])
-    log_p, log_q = jax.lax.map(one, padded, batch_size=size)
-    return log_p[:num_draws], log_q[:num_draws]
+    out = jax.lax.map(one, padded, batch_size=size)
+    return tuple(v[:num_draws] for v in out)
 
 
 # --- the evidence of a mixture by importance sampling -------------------------------
