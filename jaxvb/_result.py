@@ -53,8 +53,9 @@ class Status(enum.IntFlag):
     #: from 50 finite draws or more): over draws of the fitted ``q``, ``log q``
     #: explains none of the variation of ``log p`` (the residual varies more than
     #: ``log p`` itself), or the family's own least-squares fit of ``log p`` at those
-    #: draws leaves a residual variance smaller by 0.4 or more (``q`` is 0.2 nats or
-    #: more from the family's best fit: ``Result.reachable_variance``). ``q`` is far
+    #: draws leaves a residual variance smaller by 1.2 or more, beyond three standard
+    #: errors (``q`` is ~0.6 nats or more from the family's best fit:
+    #: ``Result.reachable_variance``). ``q`` is far
     #: from the posterior (too few steps for a noisy estimate, or a posterior this
     #: family cannot follow) and should not be trusted.
     POOR_FIT = 64
@@ -62,7 +63,9 @@ class Status(enum.IntFlag):
     #: check's threshold (``max(1 nat, the update's own noise)``) but by less than
     #: three times it, where :attr:`NOT_CONVERGED` starts. The iteration may not have
     #: settled; the gap between the two keeps ``Result.ok`` from flipping with the
-    #: random key for a fit near the threshold (issue 16). More steps will tell.
+    #: random key for a fit near the threshold (issue 16). More steps will tell. Also
+    #: set when the family's own least-squares fit of ``log p`` at ``q``'s draws leaves
+    #: a residual variance smaller by 0.4 to 1.2 (~0.2-0.6 nats; beyond: POOR_FIT).
     UNSETTLED = 128
     #: Warning: the Pareto k-hat of the importance ratios ``p / q`` is above 0.7
     #: (Stan's threshold) and ``q`` is materially off: ``Var_q[log p - log q]`` is
@@ -347,12 +350,26 @@ def explain(result: Result) -> str:
             "there), or increase num_steps."
         )
     if Status.UNSETTLED in status:
+        s2 = float(np.asarray(result.residual_variance))
+        reach = float(np.asarray(getattr(result, "reachable_variance", np.nan)))
+        shift = float(np.asarray(result.fixed_point_shift))
+        why = []
+        if math.isfinite(reach) and s2 - reach > 0.4:
+            why.append(
+                f"the family fits log p at q's own draws with a residual variance of "
+                f"{reach:.3g} against q's {s2:.3g} (q is ~{(s2 - reach) / 2:.2g} nats "
+                "from the family's best fit there)"
+            )
+        if not why or shift > 1.0:
+            why.append(
+                f"one more update from fresh draws of q moves it by {shift:.3g} nats "
+                "(KL), above the check's threshold (1 nat or the update's own noise) but "
+                "below three times it (NOT_CONVERGED)"
+            )
         lines.append(
-            "one more update from fresh draws of q moves it by "
-            f"{float(np.asarray(result.fixed_point_shift)):.3g} nats (KL), above the "
-            "check's threshold (1 nat or the update's own noise) but below three times "
-            "it (NOT_CONVERGED): the iteration may not have settled. Increase num_steps "
-            "and compare, or start from a point x0 (the Laplace approximation there)."
+            f"{' and '.join(why)}: the iteration may not have settled. Increase "
+            "num_steps and compare, or start from a point x0 (the Laplace "
+            "approximation there)."
         )
     if Status.POOR_FIT in status:
         r2 = float(np.asarray(result.r_squared))

@@ -82,6 +82,9 @@ class Diagnostics(NamedTuple):
         Monte Carlo noise; a larger excess says ``q`` is not yet the family's best fit
         (``Status.POOR_FIT``). NaN for families without sufficient statistics or with
         too many of them for the draws (``10 (k + 1) > num_draws``).
+      excess_stderr: the Monte Carlo standard error of ``residual_variance -
+        reachable_variance`` (delta method; large when one draw in a heavy tail
+        dominates both).
 
     Example:
       ``q = N(0, 1)`` against the normalised ``p = N(0, 2)``: the ELBO is ``-KL(q || p)
@@ -112,6 +115,7 @@ class Diagnostics(NamedTuple):
     r_squared_stderr: jax.Array
     khat_informative: jax.Array
     reachable_variance: jax.Array
+    excess_stderr: jax.Array
 
 
 def evaluate(
@@ -180,6 +184,13 @@ def evaluate(
         return jnp.sqrt(var(influence) / nn)
 
     kl_stderr = 0.5 * stderr(dr2)
+    if reach:
+        reachable, e2 = _ols_variance(dens[2], log_p, ok)
+        # the excess s^2 - reachable by the delta method: each draw's squared residual
+        # from q's fit against its squared residual from the family's least squares
+        excess_stderr = stderr(jnp.where(ok, (r - elbo) ** 2 - e2, 0.0))
+    else:
+        reachable = excess_stderr = jnp.asarray(jnp.nan, q.dtype)
     evidence_stderr = stderr((r - elbo) + 0.5 * dr2)
     r2_stderr = stderr(dr2 / var_p_safe - s2 * dp2 / var_p_safe**2)
     # Fewer than two finite draws: no estimate at all, so NaN (not an ELBO of 0 and an
@@ -202,9 +213,8 @@ def evaluate(
         log_evidence_stderr=known(evidence_stderr),
         r_squared_stderr=known(r2_stderr),
         khat_informative=s2 >= KHAT_FLAG_VARIANCE,
-        reachable_variance=known(_ols_variance(dens[2], log_p, ok))
-        if reach
-        else jnp.asarray(jnp.nan, q.dtype),
+        reachable_variance=known(reachable),
+        excess_stderr=known(excess_stderr),
     )
     if isinstance(q, GaussianMixture):
         # s^2/2 assumes a near-Gaussian residual, which a mixture's is not (and one
@@ -237,9 +247,10 @@ def _reachable(q, num_draws: int) -> bool:
     return 10 * (k + 1) <= num_draws and num_draws * k <= 2**22
 
 
-def _ols_variance(t: jax.Array, log_p: jax.Array, ok: jax.Array) -> jax.Array:
+def _ols_variance(t: jax.Array, log_p: jax.Array, ok: jax.Array):
     """Residual variance (over ``n - k - 1``) of the least-squares fit of ``log p`` on
-    ``[1, t]`` over the rows where ``ok``; centred first, which keeps float32 accurate."""
+    ``[1, t]`` over the rows where ``ok``, and the squared residuals; centred first,
+    which keeps float32 accurate."""
     n = jnp.sum(ok).astype(log_p.dtype)
     w = ok.astype(log_p.dtype)
     t = jnp.where(ok[:, None], t, 0.0)
@@ -248,7 +259,8 @@ def _ols_variance(t: jax.Array, log_p: jax.Array, ok: jax.Array) -> jax.Array:
     yc = (y - jnp.sum(y) / jnp.maximum(n, 1.0)) * w
     coef = jnp.linalg.lstsq(tc, yc)[0]
     k = t.shape[1]
-    return jnp.sum((yc - tc @ coef) ** 2) / jnp.maximum(n - k - 1.0, 1.0)
+    e2 = (yc - tc @ coef) ** 2  # 0 where not ok
+    return jnp.sum(e2) / jnp.maximum(n - k - 1.0, 1.0), e2
 
 
 def _log_densities(key, q, log_joint, num_draws: int, chunk_size: int, stats=False):

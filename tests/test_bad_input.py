@@ -242,11 +242,11 @@ def test_a_negative_r_squared_is_flagged():
         jaxvb.fit(mb, q0, jax.random.key(1), num_steps=100)
     res = err.value.result
     assert int(res.status) & int(jaxvb.Status.POOR_FIT) and not bool(res.ok)
-    # Key 3: R^2 0.48 and a mean 0.4 sd off, status 0 before; the posterior is a Gamma,
-    # which the family fits exactly at q's own draws (reachable residual variance ~0
-    # against q's 0.98): q is ~0.5 nats from the family's best fit, POOR_FIT.
+    # Key 3: R^2 0.48, status 0 before; the posterior is a Gamma, which the family fits
+    # exactly at q's own draws (reachable residual variance ~0 against q's 0.98): q is
+    # ~0.5 nats from the family's best fit, UNSETTLED (a warning: below 1.2, POOR_FIT).
     res = jaxvb.fit(mb, q0, jax.random.key(3), num_steps=100, on_failure="ignore")
-    assert jaxvb.Status(int(res.status)) == jaxvb.Status.POOR_FIT
+    assert jaxvb.Status(int(res.status)) == jaxvb.Status.UNSETTLED and bool(res.ok)
     assert float(res.reachable_variance) < 1e-6 < 0.9 < float(res.residual_variance)
     assert "the family fits log p at q's own draws" in jaxvb.explain(res)
     # With the README's 2000 steps the same fit is close and not flagged.
