@@ -40,19 +40,13 @@ from jaxvb._result import (  # noqa: F401  (re-exported for jaxvb._fit's old use
     check,
     explain,
 )
+from jaxvb.diagnostics import REACHABLE_EXCESS
 from jaxvb.families._base import Family, is_concrete
 from jaxvb.methods import Method, resolve
 
 #: Fewest finite diagnostic draws from which a negative R^2 is flagged POOR_FIT (the
 #: variances' relative standard error is then ~20% or less).
 MIN_POOR_FIT_DRAWS = 50
-#: A residual variance this much above the family's own least-squares fit at q's
-#: draws (``Result.reachable_variance``; about 0.2 nats of KL), and by more than three
-#: standard errors, is UNSETTLED (a warning); three times it, POOR_FIT (an error).
-#: Converged fits measured 0.00-0.14 above it (probit, eight schools, a Student-t, a
-#: Gamma fitted to a log-normal); the README's minibatch fit with 100 steps instead of
-#: 2000, 0.08-3.9.
-REACHABLE_EXCESS = 0.4
 #: A fixed-point shift beyond this multiple of the check's threshold is NOT_CONVERGED
 #: (an error); between the threshold and it, UNSETTLED (a warning).
 UNSETTLED_FACTOR = 3.0

@@ -350,16 +350,9 @@ def explain(result: Result) -> str:
             "there), or increase num_steps."
         )
     if Status.UNSETTLED in status:
-        s2 = float(np.asarray(result.residual_variance))
-        reach = float(np.asarray(getattr(result, "reachable_variance", np.nan)))
         shift = float(np.asarray(result.fixed_point_shift))
-        why = []
-        if math.isfinite(reach) and s2 - reach > 0.4:
-            why.append(
-                f"the family fits log p at q's own draws with a residual variance of "
-                f"{reach:.3g} against q's {s2:.3g} (q is ~{(s2 - reach) / 2:.2g} nats "
-                "from the family's best fit there)"
-            )
+        reach = _reach_phrase(result)
+        why = [] if reach is None else [reach]
         if not why or shift > 1.0:
             why.append(
                 f"one more update from fresh draws of q moves it by {shift:.3g} nats "
@@ -373,16 +366,12 @@ def explain(result: Result) -> str:
         )
     if Status.POOR_FIT in status:
         r2 = float(np.asarray(result.r_squared))
-        reach = float(np.asarray(getattr(result, "reachable_variance", np.nan)))
-        s2 = float(np.asarray(result.residual_variance))
+        reach = _reach_phrase(result)
         why = (
             f"R^2 is {r2:.3g}, below 0: over draws of q the residual log p - log q varies "
             "more than log p itself, so q is far from the posterior"
-            if r2 < 0 or not math.isfinite(reach)
-            else f"R^2 is {r2:.3g}, but the family fits log p at q's own draws with a "
-            f"residual variance of {reach:.3g} against q's {s2:.3g} (q is "
-            f"~{(s2 - reach) / 2:.2g} nats from the family's best fit there), so the "
-            "iteration had not settled"
+            if r2 < 0 or reach is None
+            else f"R^2 is {r2:.3g}, but {reach}, so the iteration had not settled"
         )
         lines.append(
             f"{why}. Increase num_steps (or draws per step), start from a point x0 (the "
@@ -405,6 +394,20 @@ KHAT_THRESHOLD = _diagnostics.KHAT_THRESHOLD
 #: ~1% of each other) k-hat is not informative: an almost exact fit whose ratios
 #: differ by round-off can give any k-hat.
 KHAT_MIN_VARIANCE = _diagnostics.KHAT_MIN_VARIANCE
+
+
+def _reach_phrase(result) -> str | None:
+    """How far ``q`` is from the family's own least-squares fit of ``log p`` at its
+    draws (``Result.reachable_variance``), or ``None`` below the flags' threshold."""
+    s2 = float(np.asarray(result.residual_variance))
+    reach = float(np.asarray(getattr(result, "reachable_variance", np.nan)))
+    if not (math.isfinite(reach) and s2 - reach > _diagnostics.REACHABLE_EXCESS):
+        return None
+    return (
+        f"the family fits log p at q's own draws with a residual variance of {reach:.3g} "
+        f"against q's {s2:.3g} (q is ~{(s2 - reach) / 2:.2g} nats from the family's best "
+        "fit there)"
+    )
 
 
 def _khat_line(result) -> str | None:

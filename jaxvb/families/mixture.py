@@ -32,22 +32,22 @@ from jaxvb.families.gaussian import Gaussian
 
 
 def _halton(n: int, d: int) -> np.ndarray:
-    """The points ``1..n`` of the Halton sequence in ``[0, 1]^d`` (no scrambling)."""
-    primes = []
+    """The points ``1..n`` of the Halton sequence in ``[0, 1)^d`` (no scrambling;
+    vectorised over ``n``)."""
+    primes: list[int] = []
     candidate = 2
     while len(primes) < d:
         if all(candidate % p for p in primes):
             primes.append(candidate)
         candidate += 1
     out = np.zeros((n, d))
+    index = np.arange(1, n + 1)
     for j, base in enumerate(primes):
-        for i in range(n):
-            k, f, r = i + 1, 1.0, 0.0
-            while k > 0:
-                f /= base
-                r += f * (k % base)
-                k //= base
-            out[i, j] = r
+        k, f = index.copy(), 1.0
+        while np.any(k > 0):
+            f /= base
+            out[:, j] += f * (k % base)
+            k //= base
     return out
 
 
