@@ -54,10 +54,14 @@ __all__ = [
     "Arrowhead",
     "Banded",
     "Dense",
+    "add_linear_sites",
     "expected_log_site",
+    "lift",
     "log_normaliser",
     "ops",
+    "project",
     "site_shift",
+    "site_variances",
 ]
 
 
@@ -229,3 +233,76 @@ def expected_log_site(o, sites, shift, mean, cov) -> Array:
 def site_shift(o, sites, grad, mean) -> Array:
     """Algorithm 2's ``b = E[grad log p(y|f)] + S E[f]`` (``sites`` is ``S``)."""
     return grad + o.site_matvec(sites, mean)
+
+
+# --------------------------------------------------- sites on a linear predictor
+#
+# With fixed effects in the field, f = (u, beta) of length N = n + p, the n sites see
+# the linear predictor eta = L f = u + X beta (L = [I_n, X]; X = None means X = 0,
+# sites on the first n values only, as for a level that enters through the prior):
+# diagonal sites (a, b) on eta are S = L' diag(a) L and shift L' b on f, an arrowhead
+# pattern (diagonal band, border a X, corner X' diag(a) X). The site terms themselves
+# (E log site, Algorithm 2's statistics) are then those of diagonal sites on eta, with
+# its marginal means L mu and variances diag(L Sigma L').
+
+
+def project(x, design, n: int) -> Array:
+    """``eta = x[:n] + X x[n:]`` (``x[..., :n]`` where ``design`` is ``None``)."""
+    eta = x[..., :n]
+    if design is None:
+        return eta
+    return eta + x[..., n:] @ design.T
+
+
+def lift(b, design, num_field: int) -> Array:
+    """``L' b``: ``(b, X' b)``, zeros for the fixed effects where ``design`` is
+    ``None``."""
+    n = b.shape[-1]
+    if num_field == n:
+        return b
+    rest = (
+        jnp.zeros(b.shape[:-1] + (num_field - n,), b.dtype)
+        if design is None
+        else b @ design
+    )
+    return jnp.concatenate([b, rest], axis=-1)
+
+
+def add_linear_sites(o, q, a, design, n: int):
+    """``P = Q + L' diag(a) L`` in ``Q``'s structure."""
+    if o is Banded:
+        return Banded.add_sites(q, a)
+    if o is Arrowhead:
+        band = q.band.at[0].add(a)
+        if design is None:
+            return linalg.Arrowhead(band, q.border, q.corner)
+        ax = a[:, None] * design
+        return linalg.Arrowhead(band, q.border + ax, q.corner + design.T @ ax)
+    p = q.at[jnp.arange(n), jnp.arange(n)].add(a)
+    if design is None:
+        return p
+    ax = a[:, None] * design
+    return p.at[:n, n:].add(ax).at[n:, :n].add(ax.T).at[n:, n:].add(design.T @ ax)
+
+
+def site_variances(o, chol, design, n: int) -> Array:
+    """``diag(L P^{-1} L')``, the marginal variances of ``eta`` under ``N(., P^{-1})``,
+    from ``P``'s factor (selected inverse: no dense ``P^{-1}`` but in the dense
+    case)."""
+    if o is Banded:
+        return Banded.marginal_var(chol)
+    if o is Arrowhead:
+        cov = linalg.selected_inverse_arrowhead(chol)
+        var = cov.band[0]
+        if design is None:
+            return var
+        return (
+            var
+            + 2.0 * jnp.sum(design * cov.border, axis=1)
+            + jnp.sum((design @ cov.corner) * design, axis=1)
+        )
+    if design is None and chol.shape[0] == n:
+        return Dense.marginal_var(chol)
+    inv = solve_triangular(chol, jnp.eye(chol.shape[0], dtype=chol.dtype), lower=True)
+    lt = inv[:, :n] if design is None else inv[:, :n] + inv[:, n:] @ design.T
+    return jnp.sum(lt * lt, axis=0)

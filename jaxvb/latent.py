@@ -151,9 +151,11 @@ class LatentGaussian:
     prior: Callable = dataclasses.field(metadata=_STATIC)
     log_lik: Callable = dataclasses.field(metadata=_STATIC)
     data: Any = None
+    design: Any = None
     num_quadrature: int = dataclasses.field(default=20, metadata=_STATIC)
     log_lik_takes_theta: bool = dataclasses.field(default=False, metadata=_STATIC)
     num_hyper: int | None = dataclasses.field(default=None, metadata=_STATIC)
+    num_field: int | None = dataclasses.field(default=None, metadata=_STATIC)
 
     def __post_init__(self):
         for name in ("log_prior", "prior", "log_lik"):
@@ -178,11 +180,40 @@ class LatentGaussian:
         return jnp.asarray(self.log_prior(theta)).astype(theta.dtype)
 
     def prior_of_field(self, theta: Array):
-        """``(mean, precision)`` of ``p(f | theta)``."""
-        mean, precision = self.prior(theta)
+        """``(mean, precision, log_norm)`` of ``p(f | theta)``: ``log_norm`` the
+        prior's log normalising constant where ``prior`` gives it, else ``None``
+        (computed from the precision's factor: :func:`_prior_log_norm`)."""
+        out = self.prior(theta)
+        if not (isinstance(out, tuple) and len(out) in (2, 3)):
+            raise TypeError(
+                "LatentGaussian: prior(theta) must return (mean, precision) or (mean, "
+                f"precision, log_norm), got {type(out).__name__}"
+                + (f" of length {len(out)}" if isinstance(out, tuple) else "")
+            )
+        mean, precision = out[0], out[1]
+        log_norm = None if len(out) == 2 else jnp.asarray(out[2]).astype(theta.dtype)
         # in theta's dtype, both: a float64 precision (built from Python floats in an
         # x64 session) with a float32 theta otherwise promotes the field's loops
-        return jnp.asarray(mean).astype(theta.dtype), cast_tree(precision, theta.dtype)
+        return (
+            jnp.asarray(mean).astype(theta.dtype),
+            cast_tree(precision, theta.dtype),
+            log_norm,
+        )
+
+    def num_sites(self, precision, num_field: int) -> int:
+        """``n``: the sites see ``eta = f[:n] + design @ f[n:]``."""
+        if self.design is not None:
+            return self.design.shape[0]
+        if isinstance(precision, linalg.Arrowhead):
+            return precision.band.shape[1]
+        return num_field
+
+    def linear_predictor(self, f: Array) -> Array:
+        """``eta = f[:n] + design @ f[n:]`` (``f`` itself without fixed effects)."""
+        _, precision, _ = jax.eval_shape(
+            self.prior_of_field, jax.ShapeDtypeStruct((self.num_hyper,), f.dtype)
+        )
+        return _field.project(f, self.design, self.num_sites(precision, f.shape[-1]))
 
     def site_log_lik(self, f: Array, theta: Array) -> Array:
         """``(T,)`` site log-likelihoods at ``f`` (and ``theta``)."""
@@ -221,60 +252,114 @@ class LatentGaussian:
                 "model.start(theta0) first"
             )
         theta, f = self._split(x)
-        mean, precision = self.prior_of_field(theta)
+        mean, precision, log_norm = self.prior_of_field(theta)
         ops = _field.ops(precision)
-        c = ops.chol(precision)
         d = f - mean
-        log_prior_f = 0.5 * (ops.logdet(c) - d.shape[0] * _LOG_2PI) - 0.5 * jnp.dot(
-            d, ops.matvec(precision, d)
+        log_prior_f = _prior_log_norm(ops, precision, log_norm, d.shape[-1]) - 0.5 * (
+            jnp.dot(d, ops.matvec(precision, d))
         )
+        eta = _field.project(f, self.design, self.num_sites(precision, f.shape[-1]))
         return (
             self.prior_log_density(theta)
             + log_prior_f
-            + jnp.sum(self.site_log_lik(f, theta))
+            + jnp.sum(self.site_log_lik(eta, theta))
         )
 
     # -- the start -------------------------------------------------------------------
 
     def check(self, theta0: Array) -> int:
-        """``T``, or a clear error about the shapes ``prior`` and ``log_lik`` give."""
+        """``N``, the field's length, or a clear error about the shapes ``prior``,
+        ``design`` and ``log_lik`` give."""
         theta = jax.ShapeDtypeStruct(theta0.shape, theta0.dtype)
-        out = jax.eval_shape(self.prior_of_field, theta)
-        if not (isinstance(out, tuple) and len(out) == 2):
-            raise TypeError(
-                "LatentGaussian: prior(theta) must return (mean, precision), got "
-                f"{type(out).__name__}"
-            )
-        mean, precision = out
+        mean, precision, log_norm = jax.eval_shape(self.prior_of_field, theta)
         if len(mean.shape) != 1:
             raise ValueError(
-                f"LatentGaussian: prior(theta)'s mean must have shape (T,), got {mean.shape}"
+                f"LatentGaussian: prior(theta)'s mean must have shape (N,), got {mean.shape}"
             )
         t = mean.shape[0]
+        if log_norm is not None and log_norm.shape != ():
+            raise ValueError(
+                "LatentGaussian: prior(theta)'s log_norm (its third value) must be a "
+                f"scalar, got shape {log_norm.shape}"
+            )
+        design = self.design
+        if design is not None:
+            shape = getattr(design, "shape", None)
+            if shape is None or len(shape) != 2 or shape[0] + shape[1] != t:
+                raise ValueError(
+                    "LatentGaussian: design must be an (n, p) array, the sites seeing "
+                    "eta = f[:n] + design @ f[n:] for a field f of N = n + p values "
+                    f"(N = {t} from prior's mean); got "
+                    f"{shape if shape is not None else type(design).__name__}"
+                )
         if isinstance(precision, linalg.Banded):
+            if design is not None:
+                raise ValueError(
+                    "LatentGaussian: a design (fixed effects in the field) needs a "
+                    "jaxvb.linalg.Arrowhead precision (the band for f[:n], the fixed "
+                    "effects last) or a dense one; got a Banded precision"
+                )
             if len(precision.ab.shape) != 2 or precision.ab.shape[1] != t:
                 raise ValueError(
                     "LatentGaussian: prior(theta)'s Banded precision must hold ab of shape "
-                    f"(w + 1, T) = (w + 1, {t}), got {precision.ab.shape}"
+                    f"(w + 1, N) = (w + 1, {t}), got {precision.ab.shape}"
+                )
+        elif isinstance(precision, linalg.Arrowhead):
+            n = precision.band.shape[-1]
+            p = precision.corner.shape[-1]
+            if (
+                len(precision.band.shape) != 2
+                or precision.border.shape != (n, p)
+                or precision.corner.shape != (p, p)
+                or n + p != t
+                or (design is not None and design.shape != (n, p))
+            ):
+                raise ValueError(
+                    "LatentGaussian: prior(theta)'s Arrowhead precision must hold band "
+                    "(w + 1, n), border (n, p) and corner (p, p) with n + p = N = "
+                    f"{t} (from the mean) and design, if any, of shape (n, p); got band "
+                    f"{precision.band.shape}, border {precision.border.shape}, corner "
+                    f"{precision.corner.shape}"
+                    + (f", design {design.shape}" if design is not None else "")
                 )
         elif not hasattr(precision, "shape"):
-            # (a jaxvb.linalg.Arrowhead among them: its sites would need a border)
             raise TypeError(
-                "LatentGaussian: prior(theta)'s precision must be a (T, T) array or a "
-                f"jaxvb.linalg.Banded, got {type(precision).__name__}"
+                "LatentGaussian: prior(theta)'s precision must be a (N, N) array, a "
+                "jaxvb.linalg.Banded or a jaxvb.linalg.Arrowhead, got "
+                f"{type(precision).__name__}"
             )
         elif tuple(precision.shape) != (t, t):
             raise ValueError(
-                "LatentGaussian: prior(theta)'s precision must be a (T, T) array or a "
-                f"jaxvb.linalg.Banded, with T = {t} from the mean; got shape "
-                f"{precision.shape}"
+                "LatentGaussian: prior(theta)'s precision must be a (N, N) array, a "
+                f"jaxvb.linalg.Banded or a jaxvb.linalg.Arrowhead, with N = {t} from the "
+                f"mean; got shape {precision.shape}"
             )
-        f = jax.ShapeDtypeStruct((t,), theta0.dtype)
-        sites = jax.eval_shape(self.site_log_lik, f, theta)
-        if getattr(sites, "shape", None) != (t,):
+        n = self.num_sites(precision, t)
+        eta = jax.ShapeDtypeStruct((n,), theta0.dtype)
+        try:
+            sites = jax.eval_shape(self.site_log_lik, eta, theta)
+        except (TypeError, ValueError) as err:
+            where = (
+                "f"
+                if n == t
+                else "the sites' linear predictor eta = f[:n] + design @ f[n:]"
+                if design is not None
+                else "f[:n], the band of the prior's Arrowhead precision"
+            )
+            raise type(err)(
+                f"LatentGaussian: log_lik failed on an ({n},) array, {where} with n = "
+                f"{n} of the field's N = {t} values: {err}"
+            ) from err
+        if getattr(sites, "shape", None) != (n,):
+            what = (
+                f"log p(y_t | f_t), T = {n}"
+                if n == t
+                else f"log p(y_t | eta_t), one per value of eta = f[:T] + design @ "
+                f"f[T:], T = {n}"
+            )
             raise ValueError(
-                "LatentGaussian: log_lik(f, data) must return the (T,) site "
-                f"log-likelihoods log p(y_t | f_t), T = {t}; got shape "
+                f"LatentGaussian: log_lik(f, data) must return the (T,) site "
+                f"log-likelihoods {what}; got shape "
                 f"{getattr(sites, 'shape', type(sites).__name__)}. Do not sum them."
             )
         lp = jax.eval_shape(self.prior_log_density, theta)
@@ -308,8 +393,10 @@ class LatentGaussian:
                 "earlier start or fit). Start from the hyperparameters alone, theta0 of "
                 f"shape ({self.num_hyper},), not from a flat (theta, f) point"
             )
-        self.check(theta0)
-        model = dataclasses.replace(self, num_hyper=int(theta0.shape[0]))
+        num_field = self.check(theta0)
+        model = dataclasses.replace(
+            self, num_hyper=int(theta0.shape[0]), num_field=int(num_field)
+        )
         arrays, static = _static.partition(model)
         q0, ok = _start(arrays, static, theta0)
         return model, q0, ok
@@ -360,55 +447,74 @@ def _start(arrays, static, theta0):
     return q0, near_mode(info) & q0.is_proper
 
 
+def _prior_log_norm(ops, precision, log_norm, num_field: int):
+    """``log_norm`` of ``p(f | theta) = exp(log_norm - (f - m)'Q(f - m) / 2)``: as
+    given, else ``(log|Q| - N log 2 pi) / 2`` from ``Q``'s factor."""
+    if log_norm is not None:
+        return log_norm
+    return 0.5 * (ops.logdet(ops.chol(precision)) - num_field * _LOG_2PI)
+
+
 def _conditional(model: LatentGaussian, a, b, theta):
-    """``q(f | theta)``: ``(mean, chol, ops, prior mean, prior precision, c)``, with
-    ``chol`` the factor of ``Q + diag(a)`` and ``c = Q m + b`` (``mean = P^{-1} c``)."""
-    m, precision = model.prior_of_field(theta)
+    """``q(f | theta)``: ``(mean, chol, ops, prior mean, prior precision, c,
+    log_norm)``, with ``chol`` the factor of ``P = Q + L' diag(a) L`` (``L`` the
+    sites' linear predictor, :func:`jaxvb._field.project`) and ``c = Q m + L' b``
+    (``mean = P^{-1} c``)."""
+    m, precision, log_norm = model.prior_of_field(theta)
     ops = _field.ops(precision)
-    chol = ops.chol(ops.add_sites(precision, a))
-    c = ops.matvec(precision, m) + b
+    n = a.shape[-1]
+    p = _field.add_linear_sites(ops, precision, a, model.design, n)
+    chol = ops.chol(p)
+    c = ops.matvec(precision, m) + _field.lift(b, model.design, m.shape[-1])
     mu = ops.solve(chol, c)
-    return mu, chol, ops, m, precision, c
+    return mu, chol, ops, m, precision, c, log_norm
 
 
 def _target(model: LatentGaussian, a, b, theta):
     """``L(theta)`` (the ELBO with ``f`` integrated out, given the sites; the algebra of
-    :mod:`jaxvb._field`) and, as aux, ``q(f | theta)``'s ``(mean, marginal variances,
-    factor of the precision)``."""
-    mu, chol, ops, m, precision, c = _conditional(model, a, b, theta)
-    var = ops.marginal_var(chol)
-    log_z = _field.log_normaliser(
-        ops,
-        ops.logdet(ops.chol(precision)),
-        chol,
-        c,
-        mu,
-        jnp.dot(m, ops.matvec(precision, m)),
+    :mod:`jaxvb._field`) and, as aux, ``q(f | theta)``'s ``(mean and variances of the
+    sites' linear predictor, mean, factor of the precision)``."""
+    mu, chol, ops, m, precision, c, log_norm = _conditional(model, a, b, theta)
+    n = a.shape[-1]
+    num_field = mu.shape[-1]
+    eta = _field.project(mu, model.design, n)
+    var = _field.site_variances(ops, chol, model.design, n)
+    # log Z's (log|Q| - ...) / 2 with log|Q| read off the prior's normalising constant
+    # (so that an improper prior, flat in some directions, counts its own constant)
+    logdet_prior = 2.0 * _prior_log_norm(ops, precision, log_norm, num_field) + (
+        num_field * _LOG_2PI
     )
-    ell, _, _ = model.site_expectations(mu, var, theta)
-    site_terms = jnp.sum(ell) - _field.expected_log_site(ops, a, b, mu, var)
+    log_z = _field.log_normaliser(
+        ops, logdet_prior, chol, c, mu, jnp.dot(m, ops.matvec(precision, m))
+    )
+    ell, _, _ = model.site_expectations(eta, var, theta)
+    # the sites are diagonal on eta: their expected log is that of diagonal sites
+    site_terms = jnp.sum(ell) - _field.expected_log_site(_field.Dense, a, b, eta, var)
     value = model.prior_log_density(theta) + log_z + site_terms
     # q(f | theta)'s marginals and factor, held constant: the sites' statistics are
     # computed from them once, at the draw (not at the points of the differences)
-    return value, tuple(jax.lax.stop_gradient(v) for v in (mu, var, chol))
+    return value, tuple(jax.lax.stop_gradient(v) for v in (eta, var, mu, chol))
 
 
 def _newton_sites(model: LatentGaussian, theta, num_iter: int = 30):
     """Sites ``(a, b)`` at the mode of ``p(f | theta, y)``, by Newton's method (a fixed
     number of iterations: every loop of the compiled program has a bound)."""
-    m, precision = model.prior_of_field(theta)
+    m, precision, _ = model.prior_of_field(theta)
     ops = _field.ops(precision)
     qm = ops.matvec(precision, m)
-    total = lambda f: jnp.sum(model.site_log_lik(f, theta))  # noqa: E731
+    n = model.num_sites(precision, m.shape[-1])
+    total = lambda eta: jnp.sum(model.site_log_lik(eta, theta))  # noqa: E731
 
     def sites(f):
-        d1, d2 = jax.jvp(jax.grad(total), (f,), (jnp.ones_like(f),))
+        eta = _field.project(f, model.design, n)
+        d1, d2 = jax.jvp(jax.grad(total), (eta,), (jnp.ones_like(eta),))
         a = jnp.maximum(-d2, 0.0)
-        return a, d1 + a * f
+        return a, d1 + a * eta
 
     def body(_, f):
         a, b = sites(f)
-        new = ops.solve(ops.chol(ops.add_sites(precision, a)), qm + b)
+        p = _field.add_linear_sites(ops, precision, a, model.design, n)
+        new = ops.solve(ops.chol(p), qm + _field.lift(b, model.design, m.shape[-1]))
         return jnp.where(jnp.all(jnp.isfinite(new)), new, f)
 
     f = jax.lax.fori_loop(0, num_iter, body, m)
@@ -463,7 +569,8 @@ class LatentGaussianApproximation(Family):
 
     @property
     def num_latent(self) -> int:
-        return self.site_precision.shape[-1]
+        """``N``, the field's length (fixed effects included)."""
+        return self.model.num_field
 
     @property
     def event_shape(self) -> tuple[int, ...]:
@@ -504,8 +611,10 @@ class LatentGaussianApproximation(Family):
     def log_prob(self, x: Array) -> Array:
         theta, f = self.unpack(x)
         a = self.site_precision
-        mu, chol, ops, _, precision, _ = _conditional(self.model, a, self.site_shift, theta)
-        p = ops.add_sites(precision, a)
+        mu, chol, ops, _, precision, *_ = _conditional(
+            self.model, a, self.site_shift, theta
+        )
+        p = _field.add_linear_sites(ops, precision, a, self.model.design, a.shape[-1])
         d = f - mu
         log_q_f = 0.5 * (ops.logdet(chol) - d.shape[0] * _LOG_2PI) - 0.5 * jnp.dot(
             d, ops.matvec(p, d)
@@ -578,7 +687,8 @@ def latent_gaussian(hessian: str = "regression") -> Method:
         theta = q0.theta
         mu, _, _ = q0.conditional(theta.mean)
         a = q0.site_precision
-        sites = dict(A=a, G=q0.site_shift - a * mu, Z=mu)
+        eta = _field.project(mu, q0.model.design, a.shape[-1])
+        sites = dict(A=a, G=q0.site_shift - a * eta, Z=eta)
         if regression:
             # q0's own pseudo-draws, about the fixed centre c (q0's mean): the gradient
             # of its quadratic, -P0 (theta - m0), gives E[g d'] = -P0 cov0 = -I
@@ -612,10 +722,10 @@ def latent_gaussian(hessian: str = "regression") -> Method:
                     target, theta, sd, central=hessian == "central"
                 )
             stats = dict(P=-hess, g=grad, z=theta)
-        mu, var, chol = aux
-        _, d1, d2 = model.site_expectations(mu, var, theta)
+        eta, var, mu, chol = aux
+        _, d1, d2 = model.site_expectations(eta, var, theta)
         f = mu + _field.ops(model.prior_of_field(theta)[1]).back(chol, z_f)
-        stats.update(A=-d2, G=d1, Z=mu)
+        stats.update(A=-d2, G=d1, Z=eta)
         return stats, jnp.concatenate([theta, f]), value
 
     def solve(stats, q, log_joint):

@@ -1032,7 +1032,7 @@ class _NumPyroLatent(LatentGaussian):
         _, _, trace = self._trace(theta, jnp.zeros(self.spec.size, theta.dtype))
         fn = trace[self.spec.latent]["fn"]
         mean, precision = _gaussian_prior(fn, self.spec.size, self.spec.latent)
-        return jnp.asarray(mean, theta.dtype), precision
+        return jnp.asarray(mean, theta.dtype), precision, None
 
     def site_log_lik(self, f, theta):
         _, _, trace = self._trace(theta, f)

@@ -80,6 +80,110 @@ def test_conjugate_model_is_exact(banded):
     assert float(res.r_squared) == pytest.approx(1.0, abs=1e-12)
 
 
+def _level_model(kind):
+    """The conjugate model with its level ``mu ~ N(0, PRIOR_VAR_THETA)`` as a fixed
+    effect in the field, ``f = (u, mu)``, and ``theta`` a dummy (standard normal, in
+    nothing else): the posterior is ``N(theta | 0, 1) p(f | y)``, in the family."""
+    q_ar = _ar1_band()
+    zeros, design = jnp.zeros(T + 1), None
+    if kind == "design":  # sites on u + mu, u ~ AR(1) with mean 0
+        design = jnp.ones((T, 1))
+        prior = Arrowhead(q_ar, jnp.zeros((T, 1)), jnp.full((1, 1), 1 / PRIOR_VAR_THETA))
+    elif kind == "dense_design":
+        design = jnp.ones((T, 1))
+        prior = jnp.zeros((T + 1, T + 1)).at[:T, :T].set(to_dense(q_ar))
+        prior = prior.at[T, T].set(1 / PRIOR_VAR_THETA)
+    else:  # "border": u ~ N(mu 1, Q^{-1}), the level through the prior; sites on u
+        q1 = linalg.matvec_banded(q_ar, jnp.ones(T))
+        prior = Arrowhead(
+            q_ar, -q1[:, None], (jnp.sum(q1) + 1 / PRIOR_VAR_THETA)[None, None]
+        )
+    return jaxvb.LatentGaussian(
+        log_prior=lambda th: -0.5 * jnp.sum(th**2) - 0.5 * math.log(2 * math.pi),
+        prior=lambda th: (zeros, prior),
+        log_lik=lambda f, y: (
+            -0.5 * (y - f) ** 2 / NOISE_VAR - 0.5 * math.log(2 * math.pi * NOISE_VAR)
+        ),
+        data=Y,
+        design=design,
+    )
+
+
+@pytest.mark.parametrize(
+    "kind", tiered(["design", "dense_design", "border"], slow=["dense_design", "border"])
+)
+def test_fixed_effects_in_the_field_are_exact(kind):
+    """Fixed effects in the field (``design``, or a level through an arrowhead prior):
+    the posterior is in the family, so the fit is exact -- the level's mean and
+    variance, the sites, ``log p(y)`` (closed form), KL 0."""
+    res = jaxvb.fit(_level_model(kind), jnp.zeros(1), KEY, num_steps=50)
+    mean, var, log_z = _exact()
+    assert int(res.status) == 0
+    np.testing.assert_allclose(res.q.theta.mean, [0.0], atol=1e-10)
+    np.testing.assert_allclose(res.q.theta.cov, [[1.0]], rtol=1e-10)
+    np.testing.assert_allclose(res.q.site_precision, np.full(T, 1 / NOISE_VAR), rtol=1e-9)
+    np.testing.assert_allclose(res.q.site_shift, np.asarray(Y) / NOISE_VAR, rtol=1e-9)
+    mu, chol, ops = res.q.conditional(jnp.zeros(1))
+    assert float(mu[T]) == pytest.approx(mean, rel=1e-10)
+    sigma = np.linalg.inv(np.asarray(to_dense_any(ops, chol)))
+    assert sigma[T, T] == pytest.approx(var, rel=1e-10)
+    assert float(res.log_evidence) == pytest.approx(log_z, abs=1e-9)
+    assert float(res.kl) == pytest.approx(0.0, abs=1e-12)
+    theta, f = res.sample(KEY, 3)
+    assert theta.shape == (3, 1) and f.shape == (3, T + 1)
+
+
+def to_dense_any(ops, chol):
+    """``P`` from its factor, dense, for either structure."""
+    if isinstance(chol, linalg.ArrowheadCholesky):
+        lower = linalg.to_dense_arrowhead(linalg.Arrowhead(*chol))
+        lower = np.tril(np.asarray(lower))
+    else:
+        lower = np.asarray(chol)
+    return lower @ lower.T
+
+
+def test_a_flat_prior_on_a_fixed_effect_with_its_log_norm_is_exact():
+    """An improper flat prior on the level (zero corner): ``prior`` returns ``(mean,
+    precision, log_norm)`` with the constant of the density meant (the AR(1)'s own,
+    the level's density 1); ``log p(y)`` is then the closed form of the flat-prior
+    marginal likelihood."""
+    q_ar = _ar1_band()
+    _, logdet_ar = np.linalg.slogdet(np.asarray(to_dense(q_ar)))
+    log_norm = 0.5 * logdet_ar - 0.5 * T * math.log(2 * math.pi)
+    model = jaxvb.LatentGaussian(
+        log_prior=lambda th: -0.5 * jnp.sum(th**2) - 0.5 * math.log(2 * math.pi),
+        prior=lambda th: (
+            jnp.zeros(T + 1),
+            Arrowhead(q_ar, jnp.zeros((T, 1)), jnp.zeros((1, 1))),
+            log_norm,
+        ),
+        log_lik=lambda f, y: (
+            -0.5 * (y - f) ** 2 / NOISE_VAR - 0.5 * math.log(2 * math.pi * NOISE_VAR)
+        ),
+        data=Y,
+        design=jnp.ones((T, 1)),
+    )
+    res = jaxvb.fit(model, jnp.zeros(1), KEY, num_steps=50)
+    cov_y = np.linalg.inv(np.asarray(to_dense(q_ar))) + NOISE_VAR * np.eye(T)
+    ci, y, ones = np.linalg.inv(cov_y), np.asarray(Y), np.ones(T)
+    s11, s1y = ones @ ci @ ones, ones @ ci @ y
+    log_z = (
+        -0.5 * (y @ ci @ y - s1y**2 / s11)
+        - 0.5 * np.linalg.slogdet(cov_y)[1]
+        - 0.5 * (T - 1) * math.log(2 * math.pi)
+        - 0.5 * math.log(s11)
+    )
+    assert int(res.status) == 0
+    mu, _, _ = res.q.conditional(jnp.zeros(1))
+    assert float(mu[T]) == pytest.approx(s1y / s11, rel=1e-10)
+    assert float(res.log_evidence) == pytest.approx(log_z, abs=1e-9)
+    assert float(res.kl) == pytest.approx(0.0, abs=1e-12)
+    # the log joint the diagnostics evaluate uses the same constant
+    x = jnp.concatenate([jnp.zeros(1), jnp.asarray(np.linspace(-1, 1, T + 1))])
+    assert jnp.isfinite(res.q.model(x))
+
+
 @pytest.mark.slow
 def test_hessian_by_autodiff_is_exact_too():
     method = jaxvb.latent.latent_gaussian(hessian="autodiff")
@@ -218,7 +322,7 @@ def test_bad_models_get_clear_errors():
     wrong = jaxvb.LatentGaussian(
         good.log_prior, lambda th: (jnp.zeros(T), jnp.eye(T + 1)), good.log_lik, Y
     )
-    with pytest.raises(ValueError, match=r"precision must be a \(T, T\) array"):
+    with pytest.raises(ValueError, match=r"precision must be a \(N, N\) array"):
         jaxvb.fit(wrong, jnp.zeros(1), KEY, num_steps=10)
     band = jaxvb.LatentGaussian(
         good.log_prior,
@@ -228,8 +332,8 @@ def test_bad_models_get_clear_errors():
     )
     with pytest.raises(ValueError, match=r"Banded precision must hold ab of shape"):
         jaxvb.fit(band, jnp.zeros(1), KEY, num_steps=10)
-    # an arrowhead (banded with a border) is not a LatentGaussian prior: its sites
-    # would need the border (it used to fail with "no attribute 'shape'")
+    # an arrowhead prior puts its band first, its border's p values last: the sites
+    # see the band's n = T - 1 values, which this log_lik cannot take
     arrow = jaxvb.LatentGaussian(
         good.log_prior,
         lambda th: (
@@ -239,7 +343,7 @@ def test_bad_models_get_clear_errors():
         good.log_lik,
         Y,
     )
-    with pytest.raises(TypeError, match=r"array or a jaxvb.linalg.Banded, got Arrowhead"):
+    with pytest.raises(TypeError, match=r"log_lik failed on an \(7,\) array, f\[:n\], the"):
         jaxvb.fit(arrow, jnp.zeros(1), KEY, num_steps=10)
     with pytest.raises(ValueError, match=r"theta0 must have shape \(k,\)"):
         good.start(jnp.zeros((1, 1)))
@@ -251,6 +355,34 @@ def test_bad_models_get_clear_errors():
     bound, q0, _ = good.start(jnp.zeros(1))
     with pytest.raises(ValueError, match="theta0 has 9 values but this model has"):
         jaxvb.fit(bound, jnp.zeros(T + 1), KEY, num_steps=10)
+
+
+def test_bad_designs_get_clear_errors():
+    good = _level_model("design")
+    wrong_shape = jaxvb.LatentGaussian(
+        good.log_prior, good.prior, good.log_lik, Y, design=jnp.ones((T, 2))
+    )
+    with pytest.raises(ValueError, match=r"N = 9 from prior.s mean\); got \(8, 2\)"):
+        jaxvb.fit(wrong_shape, jnp.zeros(1), KEY, num_steps=10)
+    not_matrix = jaxvb.LatentGaussian(
+        good.log_prior, good.prior, good.log_lik, Y, design=jnp.ones(T)
+    )
+    with pytest.raises(ValueError, match=r"design must be an \(n, p\) array"):
+        jaxvb.fit(not_matrix, jnp.zeros(1), KEY, num_steps=10)
+    banded = jaxvb.LatentGaussian(
+        good.log_prior,
+        lambda th: (jnp.zeros(T + 1), Banded(_ar1_band(t=T + 1))),
+        good.log_lik,
+        Y,
+        design=jnp.ones((T, 1)),
+    )
+    with pytest.raises(ValueError, match=r"design .* needs a jaxvb.linalg.Arrowhead"):
+        jaxvb.fit(banded, jnp.zeros(1), KEY, num_steps=10)
+    four = jaxvb.LatentGaussian(
+        good.log_prior, lambda th: (*good.prior(th), 0.0, 1.0), good.log_lik, Y
+    )
+    with pytest.raises(TypeError, match=r"must return \(mean, precision\) or"):
+        jaxvb.fit(four, jnp.zeros(1), KEY, num_steps=10)
 
 
 def test_a_prior_precision_that_is_not_positive_definite_is_flagged():
