@@ -44,24 +44,34 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 from jax.scipy.linalg import cho_solve, solve_triangular
 
 from jaxvb import linalg
 from jaxvb.families._base import Array
 
+_LOG_2PI = math.log(2.0 * math.pi)
+
 __all__ = [
     "Arrowhead",
     "Banded",
     "Dense",
     "add_linear_sites",
+    "covariance",
+    "draw",
     "expected_log_site",
     "lift",
+    "linear_variances",
+    "moments_with_covariance",
+    "log_density",
     "log_normaliser",
     "ops",
     "project",
     "site_shift",
     "site_variances",
+    "trace_product",
 ]
 
 
@@ -285,24 +295,93 @@ def add_linear_sites(o, q, a, design, n: int):
     return p.at[:n, n:].add(ax).at[n:, :n].add(ax.T).at[n:, n:].add(design.T @ ax)
 
 
+def covariance(o, chol):
+    """``Sigma = P^{-1}`` on ``P``'s pattern from its factor: the band (Banded, lower
+    band form), the arrowhead's blocks (Arrowhead) or the whole matrix (Dense)."""
+    if o is Banded:
+        return linalg.selected_inverse_banded(chol)
+    if o is Arrowhead:
+        return linalg.selected_inverse_arrowhead(chol)
+    inv = solve_triangular(chol, jnp.eye(chol.shape[0], dtype=chol.dtype), lower=True)
+    return inv.T @ inv
+
+
+def trace_product(o, cov, q) -> Array:
+    """``tr(Sigma Q)`` for ``Q`` of the prior's pattern and ``Sigma`` from
+    :func:`covariance` (off-diagonal entries of the band forms count twice)."""
+    if o is Banded:
+        w = q.ab.shape[0]
+        out = jnp.sum(cov[0] * q.ab[0])
+        return out + 2.0 * jnp.sum(cov[1:w] * q.ab[1:]) if w > 1 else out
+    if o is Arrowhead:
+        return Arrowhead.inner(q, cov)
+    return jnp.sum(cov * q)
+
+
+def linear_variances(o, cov, design, n: int) -> Array:
+    """``diag(L Sigma L')`` from :func:`covariance`: the variances of ``eta``."""
+    if o is Banded:
+        return cov[0]
+    if o is Arrowhead:
+        var, border, corner = cov.band[0], cov.border, cov.corner
+    else:
+        var, border, corner = jnp.diagonal(cov)[:n], cov[:n, n:], cov[n:, n:]
+    if design is None:
+        return var
+    return (
+        var
+        + 2.0 * jnp.sum(design * border, axis=1)
+        + jnp.sum((design @ corner) * design, axis=1)
+    )
+
+
 def site_variances(o, chol, design, n: int) -> Array:
     """``diag(L P^{-1} L')``, the marginal variances of ``eta`` under ``N(., P^{-1})``,
     from ``P``'s factor (selected inverse: no dense ``P^{-1}`` but in the dense
     case)."""
-    if o is Banded:
-        return Banded.marginal_var(chol)
-    if o is Arrowhead:
-        cov = linalg.selected_inverse_arrowhead(chol)
-        var = cov.band[0]
-        if design is None:
-            return var
-        return (
-            var
-            + 2.0 * jnp.sum(design * cov.border, axis=1)
-            + jnp.sum((design @ cov.corner) * design, axis=1)
-        )
-    if design is None and chol.shape[0] == n:
+    if o is Dense and design is None and chol.shape[0] == n:
         return Dense.marginal_var(chol)
-    inv = solve_triangular(chol, jnp.eye(chol.shape[0], dtype=chol.dtype), lower=True)
-    lt = inv[:, :n] if design is None else inv[:, :n] + inv[:, n:] @ design.T
-    return jnp.sum(lt * lt, axis=0)
+    return linear_variances(o, covariance(o, chol), design, n)
+
+
+# ------------------------------------------------------- fused passes for speed
+#
+# Inside an iteration a scan's per-row overhead, not its arithmetic, is the cost of
+# the banded algebra: where jaxvb.linalg fuses passes (bandwidth-1 arrowheads, the SV
+# and random-walk priors), use them.
+
+
+def moments_with_covariance(o, p, c):
+    """``(factor, P^{-1} c, covariance on P's pattern)`` (:func:`covariance`); for a
+    bandwidth-1 arrowhead in two scans (:func:`jaxvb.linalg.gaussian_arrowhead`)."""
+    if o is Arrowhead:
+        return linalg.gaussian_arrowhead(p, c)
+    chol = o.chol(p)
+    return chol, o.solve(chol, c), covariance(o, chol)
+
+
+def draw(o, p, c, z):
+    """``(f, log|P|)``: ``f = P^{-1} c + L'^{-1} z`` for ``P = L L'``, a draw of
+    ``N(P^{-1} c, P^{-1})`` from standard normal noise ``z``; for a bandwidth-1
+    arrowhead the factor and ``L^{-1} c`` share one scan
+    (:func:`jaxvb.linalg.cholesky_forward_arrowhead`)."""
+    if o is Arrowhead:
+        chol, y = linalg.cholesky_forward_arrowhead(p, c)
+        return linalg.solve_triangular_arrowhead(chol, y + z, transpose=True), o.logdet(
+            chol
+        )
+    chol = o.chol(p)
+    return o.solve(chol, c) + o.back(chol, z), o.logdet(chol)
+
+
+def log_density(o, p, c, f) -> Array:
+    """``log N(f | P^{-1} c, P^{-1})``; for a bandwidth-1 arrowhead in one scan,
+    ``log|L| - |L'f - L^{-1}c|^2 / 2 - N log(2 pi) / 2``."""
+    n = f.shape[-1]
+    if o is Arrowhead:
+        chol, y = linalg.cholesky_forward_arrowhead(p, c)
+        r = linalg.matvec_triangular_arrowhead(chol, f, transpose=True) - y
+        return 0.5 * (o.logdet(chol) - r @ r - n * _LOG_2PI)
+    chol = o.chol(p)
+    d = f - o.solve(chol, c)
+    return 0.5 * (o.logdet(chol) - n * _LOG_2PI) - 0.5 * jnp.dot(d, o.matvec(p, d))

@@ -19,8 +19,11 @@ with ``q(theta)`` a Gaussian over the unconstrained hyperparameters and Gaussian
 the sites. With the prior's precision banded (``jaxvb.linalg.Banded``, ``w``
 subdiagonals) everything costs ``O(T w^2)`` per step; a dense one ``O(T^3)``. The
 algebra of ``q(f | theta)`` (its moments, ``log Z`` and the sites' terms below) is
-:mod:`jaxvb._field`'s, shared with the hierarchical composite of
-:mod:`jaxvb.composite` (the paper's stochastic-volatility fit).
+:mod:`jaxvb._field`'s. Fixed effects go last in the field (``design``, an
+:class:`jaxvb.linalg.Arrowhead` prior). :mod:`jaxvb.composite` fits the same model
+and ``q(f | theta)`` with the paper's exponential-family ``q(theta)`` instead (the
+stochastic-volatility model of :mod:`jaxvb.models.stochastic_volatility` and the eight
+schools are ``LatentGaussian`` models fitted so).
 
 **The iteration** (Algorithm 2 for both blocks, Rao-Blackwellised over ``f``). Each step
 draws ``theta ~ q(theta)`` and, given the current sites, computes exactly (the
@@ -370,6 +373,27 @@ class LatentGaussian:
             )
         return t
 
+    def bind(self, theta0: Array) -> LatentGaussian:
+        """The model with ``num_hyper`` and ``num_field`` set from a point ``theta0``
+        of the hyperparameters (after :meth:`check`): a log joint of flat ``x = (theta,
+        f)``, for a fit from a family of one's own (:func:`jaxvb.composite.hierarchical`).
+
+        Example:
+          >>> import jax.numpy as jnp, jaxvb
+          >>> model = jaxvb.LatentGaussian(
+          ...     log_prior=lambda th: -0.5 * jnp.sum(th**2),
+          ...     prior=lambda th: (jnp.zeros(3), jnp.exp(th[0]) * jnp.eye(3)),
+          ...     log_lik=lambda f, y: -0.5 * (y - f) ** 2,
+          ...     data=jnp.array([0.5, -1.0, 2.0])).bind(jnp.zeros(1))
+          >>> model.num_hyper, model.num_field, round(float(model(jnp.zeros(4))), 4)
+          (1, 3, -5.3818)
+        """
+        theta0 = jnp.asarray(theta0)
+        num_field = self.check(theta0)
+        return dataclasses.replace(
+            self, num_hyper=int(theta0.shape[0]), num_field=int(num_field)
+        )
+
     def start(self, theta0: Array):
         """``(model, q0, ok)``: the model with ``num_hyper`` set, the Laplace start and
         whether it succeeded (``jaxvb.fit`` calls this for a start point).
@@ -393,10 +417,7 @@ class LatentGaussian:
                 "earlier start or fit). Start from the hyperparameters alone, theta0 of "
                 f"shape ({self.num_hyper},), not from a flat (theta, f) point"
             )
-        num_field = self.check(theta0)
-        model = dataclasses.replace(
-            self, num_hyper=int(theta0.shape[0]), num_field=int(num_field)
-        )
+        model = self.bind(theta0)
         arrays, static = _static.partition(model)
         q0, ok = _start(arrays, static, theta0)
         return model, q0, ok

@@ -5,7 +5,6 @@ from jaxvb.composite.hierarchical import (
     GaussianSitesBlock,
     Hierarchical,
     HierarchicalStats,
-    LatentGaussianModel,
     hierarchical,
 )
 
@@ -14,6 +13,5 @@ __all__ = [
     "GaussianSitesBlock",
     "Hierarchical",
     "HierarchicalStats",
-    "LatentGaussianModel",
     "hierarchical",
 ]

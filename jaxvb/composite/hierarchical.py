@@ -18,14 +18,14 @@ What is here:
   ``T_i(x_i; x_<i) = A(x_<i)' T(x_i)``. Its ``C_i, g_i`` are the gradient statistics
   of section 5.2 (eq. grad) from one reparameterised draw.
 * :class:`GaussianSitesBlock`: the last block, ``q(f | theta) ∝ p(f | theta) q(y | f)``
-  with the exact Gaussian prior ``p(f | theta)`` (arrowhead precision, zero mean) and a
-  Gaussian approximate likelihood ``q(y | f) = exp(eta7' f - f' eta6 f / 2)`` whose
-  precision ``eta6`` has a diagonal-plus-border pattern. Its statistics are those of
-  Algorithm 2 (``a = E grad log p(y|f)``, ``eta6 = -E hess log p(y|f)``, ``z = E f``),
-  Rao-Blackwellised: the model gives the expectations under ``q(f | theta)``
-  analytically from the mean and the selected inverse (:class:`LatentGaussianModel`).
-  Its algebra (``P = Q + eta6``, ``log q(y | theta)``, ``E log q(y | f)``, the shift
-  from the statistics) is :mod:`jaxvb._field`'s, the same as :class:`jaxvb.LatentGaussian`'s.
+  with the exact Gaussian prior ``p(f | theta)`` of a :class:`jaxvb.LatentGaussian`
+  model (dense, banded or arrowhead precision; fixed effects in the field) and diagonal
+  Gaussian sites ``q(y | f) = prod_t exp(b_t eta_t - a_t eta_t^2 / 2)`` on its linear
+  predictor ``eta``. Its statistics are those of Algorithm 2 (``E d log p(y_t|eta_t)``,
+  ``E[-d^2 ...]``, ``E eta_t``), Rao-Blackwellised: the model's
+  :meth:`~jaxvb.LatentGaussian.site_expectations` under ``q(f | theta)``. The model, the
+  conditional ``q(f | theta)`` and the target are :class:`jaxvb.LatentGaussian`'s (one
+  implementation): this module adds the paper's exponential-family ``q(theta)``.
 * :class:`Hierarchical`: the joint ``q`` as a pytree (``sample``, ``log_prob``,
   ``is_proper``), and :func:`hierarchical`, the :class:`~jaxvb.methods.Method` that
   ``jaxvb.fit`` runs.
@@ -50,7 +50,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxvb import _field
+from jaxvb import _field, latent
 from jaxvb._algebra import solve_equilibrated
 from jaxvb.families._base import (
     Array,
@@ -60,17 +60,7 @@ from jaxvb.families._base import (
     register_dataclass,
     register_family,
 )
-from jaxvb.linalg import (
-    Arrowhead,
-    cholesky_arrowhead,
-    cholesky_forward_arrowhead,
-    logdet_arrowhead,
-    matvec_arrowhead,
-    matvec_triangular_arrowhead,
-    solve_arrowhead,
-    solve_triangular_arrowhead,
-)
-from jaxvb.linalg import _small as small
+from jaxvb.latent import LatentGaussian
 from jaxvb.methods._base import Method, trust_region
 from jaxvb.methods.gradient import GradientStats
 
@@ -154,125 +144,93 @@ class ConditionalBlock:
         return self.base.from_natural(self.eta).is_proper
 
 
-class LatentGaussianModel(NamedTuple):
-    """What a model gives the Gaussian block ``f`` (length ``T + k``, border last).
-
-    ``log p(theta, f, y) = log_prior(theta) + log N(f | 0, Q(theta)^{-1}) + log p(y | f)``,
-    with ``Q`` an arrowhead precision that may be singular on the border (a flat prior).
-
-    Attributes:
-      log_prior: ``theta (n,) -> log p(theta)``.
-      prior_precision: ``theta -> (Q: Arrowhead, logdet)``, ``logdet`` the log
-        pseudo-determinant of ``Q`` (over its proper part; flat directions count 1).
-      expected_log_lik: ``(mean, cov: Arrowhead) -> E log p(y | f)`` under
-        ``N(mean, Sigma)``, with ``cov`` the selected inverse (band, border, corner).
-      expected_derivatives: ``(mean, cov) -> (E grad, E(-hess))``, the gradient
-        ``(T + k,)`` and minus the Hessian of ``log p(y | f)`` as an ``Arrowhead`` with a
-        diagonal band ``(1, T)``.
-
-    Example:
-      The stochastic-volatility model's (:mod:`jaxvb.models.stochastic_volatility`),
-      with ``theta = ((phi + 1) / 2, s2)`` and ``f = (v_1..v_T, log beta)``:
-
-      >>> import jax.numpy as jnp
-      >>> from jaxvb.models import stochastic_volatility as sv
-      >>> model = sv.model_structure(jnp.array([0.5, -1.2, 0.3, 2.0, -0.7]))
-      >>> Q, logdet = model.prior_precision(jnp.array([0.975, 0.05]))
-      >>> Q.band.shape, Q.border.shape, Q.corner.shape   # tridiagonal AR(1), flat log beta
-      ((2, 5), (5, 1), (1, 1))
-    """
-
-    log_prior: Callable
-    prior_precision: Callable
-    expected_log_lik: Callable
-    expected_derivatives: Callable
-
-
 @register_dataclass
 class GaussianSitesBlock:
-    """``q(f | theta) ∝ p(f | theta) exp(shift' f - f' sites f / 2)``.
+    """``q(f | theta) ∝ p(f | theta) prod_t exp(b_t eta_t - a_t eta_t^2 / 2)``.
 
-    The Gaussian part of a :class:`Hierarchical` family (not a family of its own).
+    The Gaussian part of a :class:`Hierarchical` family (not a family of its own): the
+    exact prior of a :class:`jaxvb.LatentGaussian` times diagonal Gaussian sites on its
+    linear predictor ``eta = f[:n] + design @ f[n:]`` -- the same ``q(f | theta)`` as
+    :class:`jaxvb.latent.LatentGaussianApproximation`'s, from the same code.
 
     Attributes:
-      sites: ``eta6`` as an ``Arrowhead`` with diagonal band ``(1, T)``, border
-        ``(T, k)`` and corner ``(k, k)``.
-      shift: ``eta7``, shape ``(T + k,)``.
-      prior: static ``theta -> (Q: Arrowhead, logdet)``.
+      site_precision: ``a``, shape ``(n,)``.
+      site_shift: ``b``, shape ``(n,)``.
+      model: the :class:`jaxvb.LatentGaussian`, bound
+        (:meth:`jaxvb.LatentGaussian.bind`).
 
     Example:
-      The stochastic-volatility model's start (``T = 5``, so ``f`` has 6 elements):
+      The stochastic-volatility model's start (``T = 5``: the sites see ``v_t + 2 log
+      beta``, and ``f = (v, log beta)`` has 6 elements):
 
       >>> import jax.numpy as jnp
       >>> from jaxvb.models import stochastic_volatility as sv
       >>> block = sv.initial_q(jnp.array([0.5, -1.2, 0.3, 2.0, -0.7])).gaussian
-      >>> block.sites.band.shape, block.sites.border.shape, block.shift.shape
-      ((1, 5), (5, 1), (6,))
+      >>> block.site_precision.shape, block.event_shape
+      ((5,), (6,))
       >>> bool(block.is_proper)
       True
     """
 
-    sites: Arrowhead
-    shift: Array
-    prior: Callable = dataclasses.field(default=None, metadata=_STATIC)
+    site_precision: Array
+    site_shift: Array
+    model: LatentGaussian
     __repr__ = Family.__repr__
 
     @property
     def event_shape(self):
-        return self.shift.shape
+        return (self.model.num_field,)
 
     @property
     def natural_params(self):
-        s = self.sites
-        return jnp.concatenate(
-            [s.band.ravel(), s.border.ravel(), s.corner.ravel(), self.shift]
+        return jnp.concatenate([self.site_precision, self.site_shift])
+
+    def precision_and_shift(self, theta: Array):
+        """``(ops, P, c)``: ``q(f | theta) = N(P^{-1} c, P^{-1})``, ``P = Q +
+        L'diag(a)L`` in the prior's structure, ``c = Q m + L'b``."""
+        m, precision, _ = self.model.prior_of_field(theta)
+        ops = _field.ops(precision)
+        a, design = self.site_precision, self.model.design
+        p = _field.add_linear_sites(ops, precision, a, design, a.shape[-1])
+        c = ops.matvec(precision, m) + _field.lift(self.site_shift, design, m.shape[-1])
+        return ops, p, c
+
+    def conditional(self, theta: Array):
+        """``(mean, factor, ops)`` of ``q(f | theta)``."""
+        mu, chol, ops, *_ = latent._conditional(
+            self.model, self.site_precision, self.site_shift, theta
         )
+        return mu, chol, ops
 
-    def precision(self, theta: Array) -> Arrowhead:
-        q, _ = self.prior(theta)
-        return _field.Arrowhead.add_sites(q, self.sites)
-
-    def posterior(self, theta: Array):
-        """``(mean, Cholesky factor)`` of ``q(f | theta)``."""
-        factor = cholesky_arrowhead(self.precision(theta))
-        return solve_arrowhead(factor, self.shift), factor
-
-    def log_marginal(self, theta: Array, factor=None) -> Array:
-        """``log q(y | theta) = log ∫ p(f | theta) q(y | f) df`` (up to a constant)."""
-        _, logdet_prior = self.prior(theta)
-        if factor is None:
-            factor = cholesky_arrowhead(self.precision(theta))
-        mean = solve_arrowhead(factor, self.shift)
-        return _field.log_normaliser(
-            _field.Arrowhead, logdet_prior, factor, self.shift, mean
-        )
-
-    def log_site(self, mean: Array, cov: Arrowhead) -> Array:
-        """``E log q(y | f) = shift' m - (m' eta6 m + tr(eta6 Sigma)) / 2`` (selected)."""
-        return _field.expected_log_site(_field.Arrowhead, self.sites, self.shift, mean, cov)
+    def log_marginal(self, theta: Array) -> Array:
+        """``log q(y | theta) = log ∫ p(f | theta) q(y | f) df``."""
+        return _log_normaliser(self, theta)[0]
 
     def log_prob_given(self, f: Array, theta: Array) -> Array:
-        """``log q(f | theta)``, one scan: ``log|L| - |L'f - L^{-1} eta7|^2 / 2 - ...``."""
-        factor, y = cholesky_forward_arrowhead(self.precision(theta), self.shift)
-        r = matvec_triangular_arrowhead(factor, f, transpose=True) - y
-        n = f.shape[0]
-        return 0.5 * (logdet_arrowhead(factor) - r @ r - n * math.log(2 * math.pi))
+        """``log q(f | theta)``."""
+        return _field.log_density(*self.precision_and_shift(theta), f)
 
     @property
     def is_proper(self):
-        # eta6 positive semi-definite (with the diagonal positive) makes q(f | theta)
-        # proper for every theta whose prior is PD on the non-border part (and on the
-        # border, or the likelihood informs it: SV's flat log beta). ">=": sites that
-        # leave the border to a proper prior have a Schur complement of exactly 0, and
-        # -1e-8 * tiny rounds to -0.0 (found with the eight schools' mu).
-        h, b, c = self.sites.band[0], self.sites.border, self.sites.corner
-        ok_h = jnp.all(h > 0)
-        safe = jnp.where(h > 0, h, 1.0)
-        schur = c - (b / safe[:, None]).T @ b
-        scale = jnp.maximum(jnp.max(jnp.abs(c)), jnp.finfo(c.dtype).tiny)
-        eig = small.eigvalsh(schur)  # SV's 1 x 1 (log beta): no LAPACK call
-        finite = jnp.all(jnp.isfinite(self.shift)) & jnp.all(jnp.isfinite(b))
-        return ok_h & finite & jnp.all(eig >= -1e-8 * scale)
+        # a >= 0 with a positive somewhere keeps P = Q + L'diag(a)L positive definite
+        # for every theta whose prior is PD on its proper part (and on flat directions
+        # the sites inform: SV's log beta); a > 0, as the paper's sites are.
+        a, b = self.site_precision, self.site_shift
+        return jnp.all(a > 0) & jnp.all(jnp.isfinite(a)) & jnp.all(jnp.isfinite(b))
+
+
+def _log_normaliser(block: GaussianSitesBlock, theta: Array):
+    """``log Z(theta)`` of :mod:`jaxvb._field` and ``q(f | theta)``'s pieces."""
+    model, a, b = block.model, block.site_precision, block.site_shift
+    mu, chol, ops, m, precision, c, log_norm = latent._conditional(model, a, b, theta)
+    num_field = mu.shape[-1]
+    logdet_prior = 2.0 * latent._prior_log_norm(ops, precision, log_norm, num_field) + (
+        num_field * math.log(2 * math.pi)
+    )
+    log_z = _field.log_normaliser(
+        ops, logdet_prior, chol, c, mu, jnp.dot(m, ops.matvec(precision, m))
+    )
+    return log_z, (mu, chol, ops, m, precision)
 
 
 def _linearised_draw(block: ConditionalBlock, noise, parents: Array, dtype, wrt_parents):
@@ -325,11 +283,11 @@ class Hierarchical(Family):
 
     @property
     def event_shape(self):
-        return (self.num_scalars + self.gaussian.shift.shape[0],)
+        return (self.num_scalars + self.gaussian.model.num_field,)
 
     @property
     def dtype(self):
-        return self.gaussian.shift.dtype
+        return self.gaussian.site_shift.dtype
 
     @property
     def natural_params(self):
@@ -397,21 +355,19 @@ class Hierarchical(Family):
     def sample_and_log_prob(self, key, sample_shape=()):
         """Draws and their ``log q``, one factorisation of ``q(f | theta)`` per draw.
 
-        ``f = L'^{-1} (L^{-1} eta7 + z)`` for ``P(theta) = L L'``, so ``log q(f | theta) =
-        log|L| - z'z / 2 - n log(2 pi) / 2`` needs no second solve: two scans per draw
-        (the factor with ``L^{-1} eta7``, then the back substitution).
+        ``f = mu + L'^{-1} z`` for ``P(theta) = L L'``, so ``log q(f | theta) = log|L|
+        - z'z / 2 - N log(2 pi) / 2`` needs no second solve.
         """
         n = math.prod(sample_shape)
         g = self.gaussian
-        dim = g.shift.shape[0]
+        dim = g.model.num_field
 
         def one(k):
             k_theta, k_f = jax.random.split(k)
             theta = self.draw_scalars(jax.random.split(k_theta, self.num_scalars))
-            factor, y = cholesky_forward_arrowhead(g.precision(theta), g.shift)
             z = jax.random.normal(k_f, (dim,), self.dtype)
-            f = solve_triangular_arrowhead(factor, y + z, transpose=True)
-            log_q_f = 0.5 * (logdet_arrowhead(factor) - z @ z - dim * math.log(2 * math.pi))
+            f, logdet = _field.draw(*g.precision_and_shift(theta), z)
+            log_q_f = 0.5 * (logdet - z @ z - dim * math.log(2 * math.pi))
             log_q = jnp.sum(self.log_q_scalars(theta)) + log_q_f
             return jnp.concatenate([theta, f]), log_q
 
@@ -442,7 +398,9 @@ class Hierarchical(Family):
 
 
 class HierarchicalStats(NamedTuple):
-    """Per scalar block ``C_i, g_i`` (eq. grad); Algorithm 2's ``a, eta6, z`` for ``f``.
+    """Per scalar block ``C_i, g_i`` (eq. grad); Algorithm 2's statistics of the sites
+    on ``eta``: ``a = E d/deta_t log p(y_t | eta_t)``, ``sites = E[-d^2/deta_t^2 ...]``
+    and ``z = E eta_t`` under ``q(f | theta)``, each ``(n,)``.
 
     Example:
       Their shapes for the stochastic-volatility model with ``T = 5``:
@@ -457,50 +415,68 @@ class HierarchicalStats(NamedTuple):
       ...     lambda key: method.init(key, q0, partial(sv.log_joint, y=y)), jax.random.key(0))
       >>> [(s.C.shape, s.g.shape) for s in stats.scalars]   # (u) and (s2 | phi)
       [((2, 2), (2,)), ((3, 3), (3,))]
-      >>> stats.a.shape, stats.sites.band.shape, stats.z.shape
-      ((6,), (1, 5), (6,))
+      >>> stats.a.shape, stats.sites.shape, stats.z.shape
+      ((5,), (5,), (5,))
     """
 
     scalars: tuple
     a: Array
-    sites: Arrowhead
+    sites: Array
     z: Array
 
 
 def _conditional(q: Hierarchical, theta: Array):
-    """``q(f | theta)``: mean, selected inverse and factor of its precision."""
-    g = q.gaussian
-    factor, mean, cov = _field.Arrowhead.moments(g.precision(theta), g.shift)
-    return mean, cov, factor
+    """``q(f | theta)``: mean, covariance on the prior's pattern
+    (:func:`jaxvb._field.covariance`) and factor of its precision."""
+    mu, chol, ops = q.gaussian.conditional(theta)
+    return mu, _field.covariance(ops, chol), chol
 
 
-def _direct_gradient(model: LatentGaussianModel, q: Hierarchical, theta: Array):
-    """``dH/dtheta`` with ``q(f | theta)`` held fixed in the last term (eq. svapprox).
+def _direct_gradient(q: Hierarchical, theta: Array):
+    """``dH/dtheta`` with ``q(f | theta)`` held fixed in the last term (eq. svapprox),
+    and ``q(f | theta)``'s ``(eta mean, eta variances, mean)``.
 
-    Only the prior precision ``Q(theta)`` depends on ``theta``, so with ``P = Q +
-    eta6`` and ``m = P^{-1} eta7``
+    Only the prior ``N(m(theta), Q(theta)^{-1})`` depends on ``theta``, so with ``P =
+    Q + L'diag(a)L``, ``mu = P^{-1}(Q m + L'b)`` and ``d = mu - m``
 
-        d log q(y | theta) = (d log|Q| - tr(P^{-1} dQ) - m' dQ m) / 2,
+        d log q(y | theta) = d log_norm - (tr(P^{-1} dQ) + d' dQ d) / 2 + d' Q dm,
 
-    where ``tr(P^{-1} dQ)`` needs only the selected inverse (``dQ`` has the arrowhead
-    pattern). ``dQ`` comes from ``jacfwd`` of the elementwise prior, so nothing is
-    differentiated through the ``O(T)`` scans of the factorisation.
+    where ``tr(P^{-1} dQ)`` needs only the covariance on the prior's pattern (the
+    selected inverse). ``(dm, dQ, d log_norm)`` come from ``jax.jvp`` of the prior, so
+    nothing is differentiated through the factorisation's scans.
     """
-    mean, cov, _ = _conditional(q, theta)
+    g = q.gaussian
+    model, a = g.model, g.site_precision
+    n = a.shape[-1]
+    m, precision, _ = model.prior_of_field(theta)
+    ops, p, c = g.precision_and_shift(theta)
+    _, mu, cov = _field.moments_with_covariance(ops, p, c)
+    d = mu - m
+    q_d = ops.matvec(precision, d)
+
+    def prior(th):
+        mean, prec, log_norm = model.prior_of_field(th)
+        return (
+            mean,
+            prec,
+            latent._prior_log_norm(_field.ops(prec), prec, log_norm, mean.shape[-1]),
+        )
 
     def along(direction):
-        _, (d_q, d_logdet) = jax.jvp(q.gaussian.prior, (theta,), (direction,))
-        trace = _field.Arrowhead.inner(cov, d_q)
-        quad = mean @ matvec_arrowhead(d_q, mean)
-        return 0.5 * (d_logdet - trace - quad)
+        _, (d_m, d_q, d_log_norm) = jax.jvp(prior, (theta,), (direction,))
+        trace = _field.trace_product(ops, cov, d_q)
+        quad = d @ ops.matvec(d_q, d)
+        return d_log_norm - 0.5 * (trace + quad) + q_d @ d_m
 
     eye = jnp.eye(theta.shape[0], dtype=theta.dtype)
-    grad = jax.vmap(along)(eye) + jax.grad(model.log_prior)(theta)
-    return grad, (mean, cov)
+    grad = jax.vmap(along)(eye) + jax.grad(model.prior_log_density)(theta)
+    eta = _field.project(mu, model.design, n)
+    var = _field.linear_variances(ops, cov, model.design, n)
+    return grad, (eta, var, mu)
 
 
 def hierarchical(
-    model: LatentGaussianModel,
+    model: LatentGaussian,
     *,
     indirect_effects: bool = False,
     max_step_kl: float | None = 1.0,
@@ -508,21 +484,25 @@ def hierarchical(
     """Eq. hierarchicalupdate for a :class:`Hierarchical` ``q``, one draw per step.
 
     Each step draws ``theta = (x_1..x_n)`` by reparameterisation, solves the Gaussian
-    block at ``theta`` in ``O(T)`` (arrowhead Cholesky, mean, selected inverse) and
-    forms, without sampling ``f``:
+    block at ``theta`` (the prior's structure: ``O(T)`` for an arrowhead; mean and
+    selected inverse) and forms, without sampling ``f``:
 
     * per scalar block, ``C_i^ = d/deta_i T_i(x_i)`` and ``g_i^ = d/deta_i G_i`` (see the
       module docstring; ``indirect_effects`` chooses eq. sv2 or svapprox);
-    * for ``f``, ``a^ = E grad log p(y|f)``, ``eta6^ = -E hess log p(y|f)``,
-      ``z^ = E f`` under ``q(f | theta)``, from ``model.expected_derivatives``;
+    * for the sites on ``eta``, ``a^ = E d log p(y_t|eta_t)``, ``sites^ = E[-d^2 log
+      p(y_t|eta_t)]``, ``z^ = E eta_t`` under ``q(f | theta)``, from the model's
+      :meth:`~jaxvb.LatentGaussian.site_expectations` (Gauss-Hermite, or the model's
+      closed form);
 
-    and ``solve`` gives ``eta_i = C_i^{-1} g_i``, ``eta7 = a + eta6 z``.
+    and ``solve`` gives ``eta_i = C_i^{-1} g_i`` and the sites ``(sites, a + sites
+    z)``.
 
     The ``log_joint`` given to ``fit`` is used only for the diagnostics and for the
     value reported per step (at ``f`` = its conditional mean).
 
     Args:
-      model: the structure of the log joint, :class:`LatentGaussianModel`.
+      model: the :class:`jaxvb.LatentGaussian`, bound
+        (:meth:`~jaxvb.LatentGaussian.bind`) to the scalar blocks' ``theta``.
       indirect_effects: keep the paths through later blocks (eq. sv2) or not (eq.
         svapprox, the default as in the paper).
       max_step_kl: a trust region for the scalar blocks: an update with
@@ -554,22 +534,25 @@ def hierarchical(
       >>> res = jaxvb.fit(partial(sv.log_joint, y=y), sv.initial_q(y), jax.random.key(0),
       ...                 num_steps=250, method=method)  # doctest: +SKIP
     """
+    if not isinstance(model, LatentGaussian) or model.num_hyper is None:
+        raise TypeError(
+            "hierarchical: model must be a jaxvb.LatentGaussian bound to the scalar "
+            "blocks' theta (model.bind(theta0)), got "
+            + (
+                "an unbound LatentGaussian"
+                if isinstance(model, LatentGaussian)
+                else type(model).__name__
+            )
+        )
 
-    def expensive(q: Hierarchical, theta: Array):
-        """``H(theta) = log p(theta) + log q(y|theta) + E(log p(y|f) - log q(y|f))``."""
+    def expensive(theta: Array, q: Hierarchical):
+        """``H(theta) = log p(theta) + log q(y|theta) + E(log p(y|f) - log q(y|f))``:
+        :class:`jaxvb.LatentGaussian`'s target."""
         g = q.gaussian
-        _, logdet_prior = g.prior(theta)
-        mean, cov, factor = _conditional(q, theta)
-        log_marg = _field.log_normaliser(
-            _field.Arrowhead, logdet_prior, factor, g.shift, mean
+        value, (eta, var, mu, _) = latent._target(
+            g.model, g.site_precision, g.site_shift, theta
         )
-        extra = model.expected_log_lik(mean, cov) - g.log_site(mean, cov)
-        value = model.log_prior(theta) + log_marg + extra
-        aux = (
-            jax.lax.stop_gradient(mean),
-            jax.tree_util.tree_map(jax.lax.stop_gradient, cov),
-        )
-        return value, aux
+        return value, (eta, var, mu)
 
     def init_fn(key, q0, log_joint):
         del log_joint
@@ -592,7 +575,10 @@ def hierarchical(
             c = jnp.mean(jax.vmap(fisher)(thetas), axis=0)
             scalars.append(GradientStats(C=c, g=c @ b.eta))
         g = q0.gaussian
-        return HierarchicalStats(tuple(scalars), g.shift, g.sites, jnp.zeros_like(g.shift))
+        # a + sites z = the start's shift, with z = 0
+        return HierarchicalStats(
+            tuple(scalars), g.site_shift, g.site_precision, jnp.zeros_like(g.site_shift)
+        )
 
     def noise_fn(key, q):
         return jax.random.split(key, q.num_scalars)
@@ -600,9 +586,9 @@ def hierarchical(
     def estimate_fn(noise, q, log_joint):
         theta, jacobians = q.draw_scalars_and_jacobians(noise, total=indirect_effects)
         if indirect_effects:
-            dh, (mean, cov) = jax.grad(expensive, argnums=1, has_aux=True)(q, theta)
+            dh, (eta, var, mean) = jax.grad(expensive, has_aux=True)(theta, q)
         else:
-            dh, (mean, cov) = _direct_gradient(model, q, theta)
+            dh, (eta, var, mean) = _direct_gradient(q, theta)
         lq_grad = jax.jacrev(q.log_q_scalars)(theta)  # (n blocks, n thetas)
         total = jnp.sum(lq_grad, axis=0)
         scalars = []
@@ -614,10 +600,10 @@ def hierarchical(
             dtheta = jacobians[i]  # (n, k_i)
             # C_i[a, b] = d T_ib / d eta_ia; theta_<i does not move with eta_i.
             scalars.append(GradientStats(C=jnp.outer(dtheta[i], d_stats), g=dtheta.T @ dg))
-        grad, neg_hess = model.expected_derivatives(mean, cov)
+        _, d1, d2 = q.gaussian.model.site_expectations(eta, var, theta)
         x = jnp.concatenate([theta, mean])
         log_p = log_joint(x)
-        stats = HierarchicalStats(tuple(scalars), grad, neg_hess, mean)
+        stats = HierarchicalStats(tuple(scalars), d1, -d2, eta)
         return stats, x, log_p
 
     def solve_fn(stats, q, log_joint=None):
@@ -626,9 +612,12 @@ def hierarchical(
             b.from_natural(solve_equilibrated(s.C, s.g))
             for b, s in zip(q.scalars, stats.scalars, strict=True)
         )
-        shift = _field.site_shift(_field.Arrowhead, stats.sites, stats.a, stats.z)
+        shift = _field.site_shift(_field.Dense, stats.sites, stats.a, stats.z)
         gaussian = build(
-            GaussianSitesBlock, sites=stats.sites, shift=shift, prior=q.gaussian.prior
+            GaussianSitesBlock,
+            site_precision=stats.sites,
+            site_shift=shift,
+            model=q.gaussian.model,
         )
         return build(Hierarchical, scalars=scalars, gaussian=gaussian)
 
@@ -665,6 +654,5 @@ __all__ = [
     "GaussianSitesBlock",
     "Hierarchical",
     "HierarchicalStats",
-    "LatentGaussianModel",
     "hierarchical",
 ]

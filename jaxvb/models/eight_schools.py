@@ -43,7 +43,6 @@ from jaxvb.composite.hierarchical import (
     ConditionalBlock,
     GaussianSitesBlock,
     Hierarchical,
-    LatentGaussianModel,
     hierarchical,
 )
 from jaxvb.families._base import build
@@ -187,14 +186,13 @@ def _log_prior(theta):
     return _log_half_cauchy(theta[0])
 
 
-def _prior_precision(theta):
-    """``tau -> (Q(tau), log pdet Q(tau))``, the precision of ``p(theta_1..8 | mu, tau)``.
+def _prior(theta):
+    """``p(theta_1..8, mu | tau)``: ``theta_j ~ N(mu, tau^2)``, ``mu ~ N(0, MU_SCALE^2)``.
 
-    ``Q = [[I, -1], [-1', 8]] / tau^2`` on ``f = (theta_1..8, mu)``: a diagonal band and
-    one border column for ``mu``. It is flat along ``theta_j = mu`` (the Schur
-    complement of the band is 0), and its log pseudo-determinant is that of the band,
-    ``-16 log tau``: ``log N(f | 0, Q^+) = -8 log(2 pi tau^2) - f'Qf / 2`` is ``sum_j log
-    N(theta_j | mu, tau^2)``. ``mu``'s own prior is a site (see ``_site_terms``).
+    On ``f = (theta_1..8, mu)`` the precision is the arrowhead ``[[I, -1], [-1', 8]] /
+    tau^2 + diag(0, 1 / MU_SCALE^2)`` (a diagonal band, ``mu`` the border), with
+    ``log|Q| = -16 log tau - log MU_SCALE^2``; the constant of the density is returned
+    with it (its third value), so nothing factorises ``Q`` to find it.
     """
     tau = jnp.maximum(theta[0], TAU_EDGE)
     dtype = theta.dtype
@@ -203,58 +201,27 @@ def _prior_precision(theta):
     q = Arrowhead(
         jnp.full((1, n), p, dtype),
         jnp.full((n, 1), -p, dtype),
-        jnp.reshape(n * p, (1, 1)).astype(dtype),
+        jnp.reshape(n * p + 1.0 / MU_SCALE**2, (1, 1)).astype(dtype),
     )
-    return q, -2.0 * n * jnp.log(tau)
+    log_norm = -n * jnp.log(tau) - math.log(MU_SCALE) - 0.5 * (n + 1) * _LOG_2PI
+    return jnp.zeros(n + 1, dtype), q, log_norm
 
 
-def _site_terms(dtype):
-    """The Gaussian factors of ``f`` outside ``p(theta | mu, tau)``: ``(h, eta7)``.
-
-    ``log N(y_j | theta_j, sigma_j^2)`` and ``log N(mu | 0, MU_SCALE^2)``: precision
-    ``h = (1 / sigma^2, 1 / MU_SCALE^2)`` (diagonal), linear term ``eta7 = (y / sigma^2,
-    0)``, so that ``sum = eta7' f - f' diag(h) f / 2 + const``.
-    """
-    y = jnp.asarray(Y, dtype)
-    s2 = jnp.asarray(SIGMA, dtype) ** 2
-    h = jnp.concatenate([1.0 / s2, jnp.full((1,), 1.0 / MU_SCALE**2, dtype)])
-    eta7 = jnp.concatenate([y / s2, jnp.zeros((1,), dtype)])
-    return h, eta7
+def _log_lik(theta_j, data):
+    """``log N(y_j | theta_j, sigma_j^2)``, one site per school."""
+    y, sigma = data
+    return _normal_logpdf(y, theta_j, sigma)
 
 
-def _site_arrowhead(h):
-    n = _NUM_SCHOOLS
-    return Arrowhead(h[:n][None], jnp.zeros((n, 1), h.dtype), h[n:][None])
-
-
-def _expected_log_lik(mean, cov):
-    # E log N(y | theta, sigma^2) + E log N(mu | 0, MU_SCALE^2) under N(mean, Sigma):
-    # -log(2 pi / h) / 2 - h ((target - m)^2 + Sigma_ii) / 2 per term.
-    h, eta7 = _site_terms(mean.dtype)
-    target = eta7 / h
-    var = jnp.concatenate([cov.band[0], cov.corner[0]])
-    return jnp.sum(-0.5 * (_LOG_2PI - jnp.log(h)) - 0.5 * h * ((target - mean) ** 2 + var))
-
-
-def _expected_derivatives(mean, cov):
-    del cov  # Gaussian factors: their derivatives do not depend on Sigma
-    h, eta7 = _site_terms(mean.dtype)
-    return eta7 - h * mean, _site_arrowhead(h)
-
-
-def hierarchical_structure() -> LatentGaussianModel:
-    """The :class:`~jaxvb.composite.LatentGaussianModel` of the eight schools.
+def hierarchical_structure(dtype=None) -> _engine.LatentGaussian:
+    """The eight schools as a bound :class:`jaxvb.LatentGaussian`.
 
     ``theta = (tau,)`` with the half-Cauchy prior; ``f = (theta_1..8, mu)`` with the
-    prior precision ``Q(tau) = [[I, -1], [-1', 8]] / tau^2`` of ``theta | mu, tau``
-    (flat along ``theta_j = mu``), and as the Gaussian "likelihood" ``log p(y | theta)
-    + log N(mu | 0, MU_SCALE^2)``.
+    exact Gaussian prior ``p(f | tau)`` (an arrowhead: ``mu`` last, see ``_prior``),
+    and one Gaussian site per school on ``theta_j`` (the band; ``mu`` enters through
+    the prior only).
 
-    ``mu``'s prior is a site rather than the ``1 / MU_SCALE^2`` of ``Q``'s corner; both
-    give the same ``q(f | tau)``. (It was moved there while
-    ``GaussianSitesBlock.is_proper`` refused sites with a zero corner, since fixed.)
-
-    ``tau`` is floored at :data:`TAU_EDGE` in ``Q``. The Schur complement of ``q(f |
+    ``tau`` is floored at :data:`TAU_EDGE` in the prior. The Schur complement of ``q(f |
     tau)``'s precision, ``8 / tau^2 + 1/25 - sum (1/tau^2)^2 / (1/tau^2 + 1/sigma_j^2)``,
     loses digits to cancellation as ``tau -> 0``: in float64 ``E[mu | tau]`` is off by
     4e-6 at ``tau = 1e-4``, 1e-2 at ``1e-6``, and NaN below ~1e-8. The floor keeps it
@@ -264,27 +231,24 @@ def hierarchical_structure() -> LatentGaussianModel:
       >>> import jax.numpy as jnp
       >>> from jaxvb.models import eight_schools
       >>> model = eight_schools.hierarchical_structure()
-      >>> Q, logdet = model.prior_precision(jnp.array([2.0]))
-      >>> Q.band.shape, Q.border.shape, Q.corner.shape, Q.corner.tolist()
-      ((1, 8), (8, 1), (1, 1), [[2.0]])
-      >>> round(float(logdet), 6)   # -16 log 2
-      -11.090355
+      >>> _, Q, log_norm = model.prior_of_field(jnp.array([2.0]))
+      >>> Q.band.shape, Q.border.shape, Q.corner.tolist(), model.num_field
+      ((1, 8), (8, 1), [[2.04]], 9)
     """
-    return LatentGaussianModel(
-        log_prior=_log_prior,
-        prior_precision=_prior_precision,
-        expected_log_lik=_expected_log_lik,
-        expected_derivatives=_expected_derivatives,
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    data = (jnp.asarray(Y, dtype), jnp.asarray(SIGMA, dtype))
+    model = _engine.LatentGaussian(
+        log_prior=_log_prior, prior=_prior, log_lik=_log_lik, data=data
     )
+    return model.bind(jnp.ones(1, dtype))
 
 
 def hierarchical_initial_q(dtype=None) -> Hierarchical:
     """The start: ``q(tau) = Gamma(1, 1 / TAU_SCALE)``, and the exact sites.
 
     The exponential of mean ``TAU_SCALE`` has the half-Cauchy prior's scale and, like
-    it, a finite density at 0. The sites are the Gaussian factors themselves
-    (likelihood and ``mu``'s prior, see :func:`hierarchical_structure`): ``eta6 =
-    diag(1 / sigma^2, 1 / MU_SCALE^2)``, ``eta7 = (y / sigma^2, 0)``, which the fit keeps.
+    it, a finite density at 0. The sites are the Gaussian likelihood terms themselves,
+    ``a = 1 / sigma^2``, ``b = y / sigma^2``, which the fit keeps.
 
     Args:
       dtype: the floating dtype (default: JAX's default float).
@@ -304,9 +268,11 @@ def hierarchical_initial_q(dtype=None) -> Hierarchical:
         eta=jnp.array([0.0, 1.0 / TAU_SCALE], dtype),  # (a - 1, b)
         base=build(Gamma, concentration=one, rate=one),
     )
-    h, eta7 = _site_terms(dtype)
+    s2 = jnp.asarray(SIGMA, dtype) ** 2
     gaussian = GaussianSitesBlock(
-        sites=_site_arrowhead(h), shift=eta7, prior=_prior_precision
+        site_precision=1.0 / s2,
+        site_shift=jnp.asarray(Y, dtype) / s2,
+        model=hierarchical_structure(dtype),
     )
     return Hierarchical(scalars=(q_tau,), gaussian=gaussian)
 

@@ -12,11 +12,15 @@ approximating families; the prior of ``u`` is the Beta(20, 1.5) density itself, 
 the flat prior on ``log beta`` is ``p(beta) ∝ 1/beta``).
 
 Approximation (the paper's): ``q(u) = Beta``, ``q(s2 | phi) = Inv-Gamma(eta3, eta4 +
-eta5 phi^2)``, ``q(f | phi, s2) ∝ p(f | phi, s2) q(y | f)`` with ``f = (v, log beta)``
-(``log beta`` last, so that the precision is an arrowhead: tridiagonal AR(1) prior plus
-diagonal-and-border Gaussian sites). The expectations over ``f`` are analytic:
-``y_t^2 exp(-v_t - 2 log beta)`` is log-normal under ``q(f | phi, s2)``, so they need
-only the mean and the selected inverse (:mod:`jaxvb.linalg.arrowhead`).
+eta5 phi^2)``, ``q(f | phi, s2) ∝ p(f | phi, s2) q(y | f)`` with ``f = (v, log beta)``.
+The model is a :class:`jaxvb.LatentGaussian` (:func:`model_structure`): ``log beta`` is
+a fixed effect last in the field, so that the prior's precision is an arrowhead
+(tridiagonal AR(1), flat along ``log beta``) and the Gaussian sites sit on ``eta_t = v_t
++ 2 log beta``. Its ``q(f | phi, s2)`` is every ``LatentGaussian``'s (one
+implementation); :mod:`jaxvb.composite` adds the paper's exponential-family blocks for
+``(u, s2)``. The expectations over ``f`` are analytic: ``y_t^2 exp(-eta_t)`` is
+log-normal under ``q(f | phi, s2)``, so they need only the mean and the selected
+inverse (:mod:`jaxvb.linalg.arrowhead`).
 """
 
 from __future__ import annotations
@@ -38,12 +42,12 @@ from jaxvb.composite.hierarchical import (
     ConditionalBlock,
     GaussianSitesBlock,
     Hierarchical,
-    LatentGaussianModel,
     hierarchical,
 )
-from jaxvb.families._base import build
+from jaxvb.families._base import build, register_dataclass
 from jaxvb.families.beta import Beta
 from jaxvb.families.inverse_gamma import InverseGamma
+from jaxvb.latent import LatentGaussian
 from jaxvb.linalg import Arrowhead
 
 #: Prior hyperparameters: ``(phi + 1) / 2 ~ Beta(PHI_A, PHI_B)``, ``s2 ~ Inv-Gamma(S2_A, S2_B)``.
@@ -189,49 +193,33 @@ def _s2_proper(eta):
     return (eta[0] > 1.0) & (eta[1] > 0.0) & (eta[1] + eta[2] > 0.0)
 
 
-@dataclasses.dataclass(frozen=True)
-class _ARPrior:
-    """``theta -> (Q, logdet)``: the AR(1) prior precision of ``(v, log beta)``.
+def _prior(theta, T: int):
+    """``p(f | theta)`` of ``f = (v, log beta)``: the stationary AR(1) prior of ``v``
+    (tridiagonal precision), ``log beta`` flat (a zero corner), and the constant of
+    that density, ``(log(1 - phi^2) - T log s2 - T log(2 pi)) / 2``.
 
     ``phi`` is kept within ``PHI_EDGE`` of +-1. At ``|phi| = 1`` the prior loses the
-    level of ``v``, which the sites cannot pin apart from ``log beta``, so ``q(f | theta)``
-    is singular; within ~1e-16 of it (an early ``q(u)`` iterate can draw ``u`` that
-    rounds to 1) its factorisation fails in float64. The clip changes ``q(f | theta)``
-    only where ``|phi| > 1 - 1e-6``, which no sane ``q(u)`` reaches but by rounding.
+    level of ``v``, which the sites cannot pin apart from ``log beta``, so ``q(f |
+    theta)`` is singular; within ~1e-16 of it (an early ``q(u)`` iterate can draw ``u``
+    that rounds to 1) its factorisation fails in float64. The clip changes ``q(f |
+    theta)`` only where ``|phi| > 1 - 1e-6``, which no sane ``q(u)`` reaches but by
+    rounding.
     """
-
-    T: int
-
-    def __call__(self, theta):
-        u, s2 = theta[0], theta[1]
-        phi = jnp.clip(_phi(u), -1.0 + PHI_EDGE, 1.0 - PHI_EDGE)
-        t = self.T
-        dtype = theta.dtype
-        diag = jnp.full((t,), 1.0 + phi**2, dtype).at[0].set(1.0).at[-1].set(1.0) / s2
-        off = jnp.full((t,), -phi / s2, dtype).at[-1].set(0.0)
-        q = Arrowhead(
-            jnp.stack([diag, off]), jnp.zeros((t, 1), dtype), jnp.zeros((1, 1), dtype)
-        )
-        return q, jnp.log1p(-(phi**2)) - t * jnp.log(s2)
+    u, s2 = theta[0], theta[1]
+    phi = jnp.clip(_phi(u), -1.0 + PHI_EDGE, 1.0 - PHI_EDGE)
+    dtype = theta.dtype
+    diag = jnp.full((T,), 1.0 + phi**2, dtype).at[0].set(1.0).at[-1].set(1.0) / s2
+    off = jnp.full((T,), -phi / s2, dtype).at[-1].set(0.0)
+    q = Arrowhead(
+        jnp.stack([diag, off]), jnp.zeros((T, 1), dtype), jnp.zeros((1, 1), dtype)
+    )
+    log_norm = 0.5 * (jnp.log1p(-(phi**2)) - T * jnp.log(s2) - T * _LOG_2PI)
+    return jnp.zeros(T + 1, dtype), q, log_norm
 
 
-def _lognormal_term(log_y2, mean, cov):
-    t = log_y2.shape[0]
-    v, lb = mean[:t], mean[t]
-    var = cov.band[0] + 4.0 * cov.border[:, 0] + 4.0 * cov.corner[0, 0]
-    return v, lb, jnp.exp(log_y2 - v - 2.0 * lb + 0.5 * var)
-
-
-def _expected_log_lik(log_y2, mean, cov):
-    v, lb, e = _lognormal_term(log_y2, mean, cov)
-    return jnp.sum(-0.5 * _LOG_2PI - lb - 0.5 * v - 0.5 * e)
-
-
-def _expected_derivatives(log_y2, mean, cov):
-    _, _, e = _lognormal_term(log_y2, mean, cov)
-    grad = jnp.concatenate([0.5 * e - 0.5, jnp.sum(e - 1.0)[None]])
-    neg_hess = Arrowhead((0.5 * e)[None], e[:, None], (2.0 * jnp.sum(e))[None, None])
-    return grad, neg_hess
+def _log_lik(eta, log_y2):
+    """``log N(y_t | 0, exp(eta_t))`` with ``eta_t = v_t + 2 log beta``."""
+    return -0.5 * (_LOG_2PI + eta + jnp.exp(log_y2 - eta))
 
 
 def _log_prior(theta):
@@ -244,24 +232,53 @@ def _log_prior(theta):
     )
 
 
-def model_structure(y: jax.Array) -> LatentGaussianModel:
-    """The :class:`~jaxvb.composite.LatentGaussianModel` of the SV model for ``y``.
+@register_dataclass
+class SVModel(LatentGaussian):
+    """The SV model as a :class:`jaxvb.LatentGaussian` in the paper's parameters
+    ``theta = ((phi + 1) / 2, s2)``, ``f = (v_1..v_T, log beta)``, the sites on ``eta_t
+    = v_t + 2 log beta`` (``design = 2``), with the site expectations in closed form:
+    ``y_t^2 exp(-eta_t)`` is log-normal under ``q(f | theta)``, so ``E log p(y_t |
+    eta_t) = -(log 2 pi + m_t + y_t^2 exp(-m_t + s_t / 2)) / 2`` for ``eta_t ~ N(m_t,
+    s_t)``, and its derivatives likewise (no quadrature).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.models import stochastic_volatility as sv
+      >>> model = sv.model_structure(jnp.array([0.5, -1.2, 0.3]))
+      >>> ell, d1, d2 = model.site_expectations(jnp.zeros(3), jnp.zeros(3), None)
+      >>> d1.round(3).tolist()   # (y^2 exp(-eta) - 1) / 2
+      [-0.375, 0.22, -0.455]
+    """
+
+    def site_expectations(self, mean, var, theta):
+        del theta
+        e = jnp.exp(self.data - mean + 0.5 * var)
+        return -0.5 * (_LOG_2PI + mean + e), 0.5 * e - 0.5, -0.5 * e
+
+
+def model_structure(y: jax.Array) -> SVModel:
+    """The SV model of ``y`` as a bound :class:`jaxvb.LatentGaussian` (:class:`SVModel`).
 
     Example:
       >>> import jax.numpy as jnp
       >>> from jaxvb.models import stochastic_volatility as sv
       >>> model = sv.model_structure(jnp.array([0.5, -1.2, 0.3, 2.0, -0.7]))
-      >>> Q, logdet = model.prior_precision(jnp.array([0.975, 0.05]))   # phi = 0.95
-      >>> round(float(logdet), 4)   # log(1 - phi^2) - T log s2
+      >>> _, Q, log_norm = model.prior_of_field(jnp.array([0.975, 0.05]))   # phi = 0.95
+      >>> Q.band.shape, Q.corner.tolist(), model.num_field   # flat log beta
+      ((2, 5), [[0.0]], 6)
+      >>> round(float(2 * log_norm + 5 * jnp.log(2 * jnp.pi)), 4)   # log(1 - phi^2) - T log s2
       12.6508
     """
-    log_y2 = jnp.log(jnp.square(y))
-    return LatentGaussianModel(
+    y = jnp.asarray(y)
+    t = int(y.shape[0])
+    model = SVModel(
         log_prior=_log_prior,
-        prior_precision=_ARPrior(int(y.shape[0])),
-        expected_log_lik=partial(_expected_log_lik, log_y2),
-        expected_derivatives=partial(_expected_derivatives, log_y2),
+        prior=partial(_prior, T=t),
+        log_lik=_log_lik,
+        data=jnp.log(jnp.square(y)),
+        design=jnp.full((t, 1), 2.0, y.dtype),
     )
+    return model.bind(jnp.array([0.975, 0.05], y.dtype))
 
 
 def initial_q(y: jax.Array) -> Hierarchical:
@@ -290,15 +307,14 @@ def initial_q(y: jax.Array) -> Hierarchical:
         design=_s2_design,
         proper=_s2_proper,
     )
+    # log y_t^2 = eta_t + log chi^2_1: sites N(eta_t | log y_t^2 - E log chi^2, Var)
     tau = 1.0 / LOG_CHI2_VAR
     mu = jnp.log(jnp.square(y)) - LOG_CHI2_MEAN
-    sites = Arrowhead(
-        jnp.full((1, t), tau, dtype),
-        jnp.full((t, 1), 2.0 * tau, dtype),
-        jnp.full((1, 1), 4.0 * tau * t, dtype),
+    gaussian = GaussianSitesBlock(
+        site_precision=jnp.full((t,), tau, dtype),
+        site_shift=tau * mu,
+        model=model_structure(y),
     )
-    shift = jnp.concatenate([tau * mu, (2.0 * tau * jnp.sum(mu))[None]])
-    gaussian = GaussianSitesBlock(sites=sites, shift=shift, prior=_ARPrior(int(t)))
     return Hierarchical(scalars=(q_u, q_s2), gaussian=gaussian)
 
 
