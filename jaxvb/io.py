@@ -436,8 +436,9 @@ def load(path: str | os.PathLike, *, model: LatentGaussian | None = None) -> Res
     if not isinstance(result, Result):
         raise reader.fail("its root is not a Result")
     if isinstance(result.q, LatentGaussianApproximation) and model is not None:
-        if model.num_hyper is None:
-            bound = dataclasses.replace(model, num_hyper=int(result.q.theta.mean.shape[-1]))
+        if model.num_hyper is None or model.num_field is None:
+            # bound as fit binds it (num_hyper and the field's length, from shapes)
+            bound = model.bind(jnp.zeros_like(result.q.theta.mean))
             fields = {
                 f.name: getattr(result.q, f.name) for f in dataclasses.fields(result.q)
             }

@@ -519,12 +519,24 @@ def _target(model: LatentGaussian, a, b, theta):
 
 def _newton_sites(model: LatentGaussian, theta, num_iter: int = 30):
     """Sites ``(a, b)`` at the mode of ``p(f | theta, y)``, by Newton's method (a fixed
-    number of iterations: every loop of the compiled program has a bound)."""
+    number of iterations: every loop of the compiled program has a bound), each step
+    halved until ``log p(f | theta, y)`` does not decrease (at most 30 times): from the
+    prior mean a full step can overshoot far (a Poisson count with a small exposure
+    has a curvature ``exposure * exp(f)`` that is tiny there, and the step is its
+    inverse) and ``exp`` then overflows."""
     m, precision, _ = model.prior_of_field(theta)
     ops = _field.ops(precision)
     qm = ops.matvec(precision, m)
-    n = model.num_sites(precision, m.shape[-1])
+    num_field = m.shape[-1]
+    n = model.num_sites(precision, num_field)
     total = lambda eta: jnp.sum(model.site_log_lik(eta, theta))  # noqa: E731
+
+    def objective(f):
+        d = f - m
+        value = total(_field.project(f, model.design, n)) - 0.5 * jnp.dot(
+            d, ops.matvec(precision, d)
+        )
+        return jnp.where(jnp.isfinite(value), value, -jnp.inf)
 
     def sites(f):
         eta = _field.project(f, model.design, n)
@@ -535,8 +547,18 @@ def _newton_sites(model: LatentGaussian, theta, num_iter: int = 30):
     def body(_, f):
         a, b = sites(f)
         p = _field.add_linear_sites(ops, precision, a, model.design, n)
-        new = ops.solve(ops.chol(p), qm + _field.lift(b, model.design, m.shape[-1]))
-        return jnp.where(jnp.all(jnp.isfinite(new)), new, f)
+        new = ops.solve(ops.chol(p), qm + _field.lift(b, model.design, num_field))
+        step = jnp.where(jnp.all(jnp.isfinite(new)), new - f, jnp.zeros_like(f))
+        current = objective(f)
+
+        def worse(state):
+            step, tries = state
+            return (objective(f + step) < current) & (tries < 30)
+
+        step, _ = jax.lax.while_loop(
+            worse, lambda state: (0.5 * state[0], state[1] + 1), (step, 0)
+        )
+        return jnp.where(objective(f + step) >= current, f + step, f)
 
     f = jax.lax.fori_loop(0, num_iter, body, m)
     return sites(f)
