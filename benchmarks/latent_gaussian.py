@@ -7,13 +7,18 @@ sites), each on real data shipped in ``jaxvb.data`` (provenance in
 
 * ``sv_sp500``: stochastic volatility (Kim, Shephard & Chib 1998; the paper's priors) on
   the last 2500 daily % log-returns of the S&P 500 (2009-2018, demeaned), ``f_t = h_t``
-  the log-variance, AR(1) prior: tridiagonal precision; ``theta = (logit((phi+1)/2),
-  log s2, mu = 2 log beta)``.
+  the log-variance, AR(1) prior: tridiagonal precision; reported as ``theta =
+  (logit((phi+1)/2), log s2, mu = 2 log beta)``. jaxvb fits it with the library's own SV
+  model (:mod:`jaxvb.models.stochastic_volatility`: a ``LatentGaussian`` with ``mu`` in
+  the field and the paper's Beta and conditional Inverse-Gamma ``q(theta)``, 1000
+  steps), and reports beside it the same ``LatentGaussian`` with a Gaussian ``q(theta)``
+  (:func:`sv_fixed_model`; ``gaussian_theta`` in the results).
 * ``lgcp_brambles``: a log-Gaussian Cox process for the 823 bramble canes of Hutchings
   (1979) / Diggle (1983) counted on a 20 x 20 grid, ``f_c`` the log-intensity of cell
   ``c``: ``beta0`` plus a Matern-like GMRF (the lattice SPDE with ``alpha = 2``, Lindgren,
-  Rue & Lindstrom 2011), precision banded with ``w = 40``; ``theta = (beta0, log
-  sigma, log rho)``.
+  Rue & Lindstrom 2011), precision banded with ``w = 40``; reported as ``theta =
+  (beta0, log sigma, log rho)``; jaxvb fits ``beta0`` as a fixed effect in the field
+  (``design`` of ones, an arrowhead prior), ``theta = (log sigma, log rho)``.
 * ``glmm_baseball``: a binomial logit-normal random-intercept GLMM for the hits in times
   at bat of 322 major-league hitters in 1986, one group per player, ``f_j ~ N(beta0 +
   beta1 x_j, tau^2)`` with ``x_j`` the standardised log years in the majors (diagonal
@@ -21,7 +26,9 @@ sites), each on real data shipped in ``jaxvb.data`` (provenance in
 
 For each, in one process:
 
-1. **jaxvb** ``jaxvb.fit(model, theta0, key, num_steps=250)``, with the default
+1. **jaxvb** ``jaxvb.fit(model, theta0, key, num_steps=250)`` (the fit of ``Problem.
+   fit_model`` or ``Problem.fit_fn`` where given, its draws mapped back to the
+   reference's layout by ``Problem.to_reference``), with the default
    diagnostics and without (``num_eval_draws=2, num_check_draws=0``): the first call
    (Laplace start and fit compiled, then run) and the median of calls with new keys
    after compile (each ending in ``block_until_ready``); the Laplace start alone.
