@@ -12,7 +12,7 @@ sites), each on real data shipped in ``jaxvb.data`` (provenance in
   model (:mod:`jaxvb.models.stochastic_volatility`: a ``LatentGaussian`` with ``mu`` in
   the field and the paper's Beta and conditional Inverse-Gamma ``q(theta)``, 1000
   steps), and reports beside it the same ``LatentGaussian`` with a Gaussian ``q(theta)``
-  (:func:`sv_fixed_model`; ``gaussian_theta`` in the results).
+  (:func:`sv_model` with ``mu_in_field``; ``gaussian_theta`` in the results).
 * ``lgcp_brambles``: a log-Gaussian Cox process for the 823 bramble canes of Hutchings
   (1979) / Diggle (1983) counted on a 20 x 20 grid, ``f_c`` the log-intensity of cell
   ``c``: ``beta0`` plus a Matern-like GMRF (the lattice SPDE with ``alpha = 2``, Lindgren,
@@ -202,12 +202,28 @@ def _sv_log_prior(theta):
     return lp_u + lp_s2
 
 
-def _sv_prior(theta, T):
+def _sv_ar1_band(theta, T):
+    """The AR(1) prior precision of ``v`` (stationary start) in lower band form, and
+    ``log(1 - phi^2)``."""
     phi = 2.0 * jax.nn.sigmoid(theta[0]) - 1.0
-    s2 = jnp.exp(theta[1])
     diag = jnp.full(T, 1.0 + phi**2).at[0].set(1.0).at[-1].set(1.0)
     off = jnp.full(T, -phi).at[-1].set(0.0)
-    return theta[2] * jnp.ones(T), Banded(jnp.stack([diag, off]) / s2)
+    return jnp.stack([diag, off]) / jnp.exp(theta[1]), jnp.log1p(-(phi**2))
+
+
+def _sv_prior(theta, T):
+    """``p(h | theta)``, ``h = mu + v``: the AR(1) about ``mu = theta[2]``."""
+    band, _ = _sv_ar1_band(theta, T)
+    return theta[2] * jnp.ones(T), Banded(band)
+
+
+def _sv_fixed_prior(theta, T):
+    """``p(v, mu | theta)``: ``v`` the AR(1) (mean 0), ``mu`` flat (a zero corner), and
+    the constant of that density (the AR(1)'s; ``mu``'s density is 1)."""
+    band, log_1m_phi2 = _sv_ar1_band(theta, T)
+    log_norm = 0.5 * (log_1m_phi2 - T * theta[1] - T * _LOG_2PI)
+    corner = jnp.zeros((1, 1))
+    return jnp.zeros(T + 1), Arrowhead(band, jnp.zeros((T, 1)), corner), log_norm
 
 
 def _sv_log_lik(h, y):
@@ -222,53 +238,31 @@ def _sv_natural(theta):
     )
 
 
-def sv_model(y) -> tuple[jaxvb.LatentGaussian, jax.Array]:
-    """The SV model of a (demeaned) series ``y`` and its start ``theta0``."""
+def sv_model(y, mu_in_field: bool = False) -> tuple[jaxvb.LatentGaussian, jax.Array]:
+    """The SV model of a (demeaned) series ``y`` and its start ``theta0``: ``theta =
+    (logit((phi+1)/2), log s2, mu)`` and ``f = h``; or, ``mu_in_field``, ``mu`` last in
+    the field, ``f = (v, mu)``, the sites on ``h_t = v_t + mu`` (the paper's
+    construction: ``log beta`` is in its field) and ``theta = (logit((phi+1)/2), log
+    s2)``."""
     y = jnp.asarray(y, jnp.float64)
     T = int(y.shape[0])
     model = jaxvb.LatentGaussian(
         log_prior=_sv_log_prior,
-        prior=functools.partial(_sv_prior, T=T),
+        prior=functools.partial(_sv_fixed_prior if mu_in_field else _sv_prior, T=T),
         log_lik=_sv_log_lik,
         data=y,
+        design=jnp.ones((T, 1)) if mu_in_field else None,
     )
-    theta0 = jnp.array([2.0, math.log(0.05), 2.0 * math.log(float(jnp.std(y)))])
-    return model, theta0
-
-
-def _sv_fixed_prior(theta, T):
-    """``p(v, mu | theta)``: ``v`` the AR(1) (mean 0), ``mu`` flat (a zero corner), and
-    the constant of that density (the AR(1)'s; ``mu``'s density is 1)."""
-    phi = 2.0 * jax.nn.sigmoid(theta[0]) - 1.0
-    s2 = jnp.exp(theta[1])
-    diag = jnp.full(T, 1.0 + phi**2).at[0].set(1.0).at[-1].set(1.0)
-    off = jnp.full(T, -phi).at[-1].set(0.0)
-    band = jnp.stack([diag, off]) / s2
-    log_norm = 0.5 * (jnp.log1p(-(phi**2)) - T * theta[1] - T * _LOG_2PI)
-    zero = jnp.zeros((T, 1))
-    return jnp.zeros(T + 1), Arrowhead(band, zero, jnp.zeros((1, 1))), log_norm
-
-
-def sv_fixed_model(y) -> tuple[jaxvb.LatentGaussian, jax.Array]:
-    """The SV model with ``mu`` in the field, ``f = (v, mu)``, the sites on ``h_t = v_t +
-    mu`` (the paper's construction: ``log beta`` is in its field), and the start of
-    ``theta = (logit((phi+1)/2), log s2)``."""
-    y = jnp.asarray(y, jnp.float64)
-    T = int(y.shape[0])
-    model = jaxvb.LatentGaussian(
-        log_prior=_sv_log_prior,
-        prior=functools.partial(_sv_fixed_prior, T=T),
-        log_lik=_sv_log_lik,
-        data=y,
-        design=jnp.ones((T, 1)),
-    )
-    return model, jnp.array([2.0, math.log(0.05)])
+    theta0 = [2.0, math.log(0.05)]
+    if not mu_in_field:
+        theta0.append(2.0 * math.log(float(jnp.std(y))))
+    return model, jnp.array(theta0)
 
 
 class SVPaperFit:
     """The result of :func:`jaxvb.models.stochastic_volatility.fit` (the SV model as a
     :class:`jaxvb.LatentGaussian`, with the paper's Beta and conditional Inverse-Gamma
-    ``q(theta)``), its draws in :func:`sv_fixed_model`'s layout: ``theta = (logit((phi
+    ``q(theta)``), its draws in the layout of :func:`sv_model` with ``mu_in_field``: ``theta = (logit((phi
     + 1)/2), log s2)``, ``f = (v, mu = 2 log beta)``. Every other field reads through
     to the :class:`jaxvb.Result`."""
 
@@ -313,7 +307,7 @@ def _level_last(theta, f, num_fixed: int, at: int):
 def sv_problem() -> Problem:
     y = jaxvb.data.sp500_returns()
     model, theta0 = sv_model(y - y.mean())
-    fit_model, fit_theta0 = sv_fixed_model(y - y.mean())
+    fit_model, fit_theta0 = sv_model(y - y.mean(), mu_in_field=True)
     return Problem(
         name="sv_sp500",
         title=f"SV, S&P 500 ({y.shape[0]} days)",
@@ -1065,7 +1059,7 @@ def run_scaling(settings: dict) -> dict:
         # timed a recompile as T = 10^5's "after compile": 16.7 s for 20 steps).
         jax.clear_caches()
         y, _ = sv.simulate_with_volatility(jax.random.key(1), T, **SIMULATION)
-        model, theta0 = sv_fixed_model(y - y.mean())
+        model, theta0 = sv_model(y - y.mean(), mu_in_field=True)
 
         def call(i, model=model, theta0=theta0):
             return jaxvb.fit(

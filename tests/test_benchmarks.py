@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -201,3 +202,26 @@ def test_latent_gaussian_quick(tmp_path):
     assert keys(record) == keys(stored)
     assert record["params"]["beta0"]["mean"] == pytest.approx(theta[..., 0].mean())
     assert len(record["f"]["mean"]) == problem.num_latent
+
+
+@pytest.mark.parametrize("name", ["sv_sp500", "lgcp_brambles"])
+def test_latent_gaussian_fixed_effects_models_are_the_reference_posterior(name):
+    """The model jaxvb fits (the fixed effects last in the field, ``Problem.fit_model``)
+    is the reference's posterior in other coordinates: at points mapped by
+    ``Problem.to_reference`` (the level a shift of the field, unit Jacobian) the two
+    log joints are equal -- the flat prior's ``log_norm`` (SV) and the intercept's
+    prior in the arrowhead's corner (LGCP) included."""
+    module = load("latent_gaussian")
+    problem = module.PROBLEMS[name]()
+    model, theta0 = problem.jaxvb_model
+    fit_model = model.bind(theta0)
+    reference = problem.model.bind(problem.theta0)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        theta = theta0 + 0.1 * rng.normal(size=theta0.shape)
+        f = 0.3 * rng.normal(size=fit_model.num_field)
+        f[-1] += 1.0
+        theta_ref, f_ref = problem.reference_draws(theta[None], f[None])
+        x = jnp.concatenate([jnp.asarray(theta), jnp.asarray(f)])
+        x_ref = jnp.concatenate([jnp.asarray(theta_ref[0]), jnp.asarray(f_ref[0])])
+        assert float(fit_model(x)) == pytest.approx(float(reference(x_ref)), rel=1e-12)
