@@ -643,3 +643,16 @@ def test_the_start_survives_a_newton_step_that_overshoots():
     assert abs(float(mu[-1]) - math.log(float(counts.mean()) / area)) < 0.5
     res = jaxvb.fit(model, jnp.zeros(1), KEY, num_steps=100)
     assert int(res.status) == 0, jaxvb.explain(res)
+
+
+def test_linear_predictor_and_num_sites():
+    """``eta`` of field draws, as the sites see it (``f`` itself without a design)."""
+    model = _level_model("design").bind(jnp.zeros(1))
+    f = jnp.asarray(np.random.default_rng(1).normal(size=(4, T + 1)))
+    np.testing.assert_allclose(model.linear_predictor(f), f[:, :T] + f[:, T:], rtol=0)
+    _, precision, _ = model.prior_of_field(jnp.zeros(1))
+    assert model.num_sites(precision, T + 1) == T
+    border = _level_model("border").bind(jnp.zeros(1))
+    np.testing.assert_array_equal(border.linear_predictor(f), f[:, :T])
+    plain = _model(True).bind(jnp.zeros(1))
+    np.testing.assert_array_equal(plain.linear_predictor(f[:, :T]), f[:, :T])
