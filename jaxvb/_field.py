@@ -1,10 +1,9 @@
 r"""The Gaussian field given the hyperparameters: one implementation for every latent fit.
 
-Both latent Gaussian fits of section 6.1 -- :class:`jaxvb.LatentGaussian` (dense or
-banded priors, a Gaussian ``q(theta)``) and the hierarchical composite of
-:mod:`jaxvb.composite` (arrowhead priors, exponential-family ``q(theta)``; the paper's
-stochastic-volatility model) -- approximate ``p(f | theta, y)`` by the exact prior
-times Gaussian sites ``(S, b)``:
+Both ways of fitting a :class:`jaxvb.LatentGaussian` -- with a Gaussian ``q(theta)``
+(:mod:`jaxvb.latent`) and with the paper's exponential-family ``q(theta)``
+(:mod:`jaxvb.composite`; the stochastic-volatility model, the eight schools) --
+approximate ``p(f | theta, y)`` by the exact prior times Gaussian sites ``(S, b)``:
 
     q(f | theta) ∝ N(f | m, Q^{-1}) exp(b'f - f'S f / 2),   P = Q + S,
     mu = P^{-1} c,   c = Q m + b,
@@ -27,6 +26,14 @@ The structure of ``Q`` (and of ``S``, which follows it) picks the operations:
 (:class:`jaxvb.linalg.Arrowhead`: banded with a dense border, e.g. a state-space prior
 with its level or fixed effects last; sites of the same pattern, diagonal band plus
 border). :func:`ops` chooses from the prior's type.
+
+With fixed effects last in the field, the sites are diagonal on a linear predictor
+``eta = L f = f[:n] + X f[n:]``, so ``S = L' diag(a) L`` and the shift is ``L' b``
+(:func:`add_linear_sites`, :func:`lift`, :func:`project`), and the site terms need the
+marginal variances of ``eta`` (:func:`site_variances`, from :func:`covariance` on the
+prior's pattern). :func:`moments_with_covariance`, :func:`draw` and
+:func:`log_density` fuse passes where :mod:`jaxvb.linalg` can (bandwidth-1
+arrowheads).
 
 Example:
   A standard normal prior and one site ``exp(f - f^2 / 2)``: ``q(f)`` is ``N(1/2,
