@@ -491,23 +491,29 @@ def _conditional(model: LatentGaussian, a, b, theta):
     return mu, chol, ops, m, precision, c, log_norm
 
 
-def _target(model: LatentGaussian, a, b, theta):
-    """``L(theta)`` (the ELBO with ``f`` integrated out, given the sites; the algebra of
-    :mod:`jaxvb._field`) and, as aux, ``q(f | theta)``'s ``(mean and variances of the
-    sites' linear predictor, mean, factor of the precision)``."""
+def _log_z(model: LatentGaussian, a, b, theta):
+    """``log Z(theta)`` of :mod:`jaxvb._field` and ``q(f | theta)``'s ``(mean, factor,
+    ops)``: ``log|Q|`` read off the prior's normalising constant, so that an improper
+    prior, flat in some directions, counts its own constant."""
     mu, chol, ops, m, precision, c, log_norm = _conditional(model, a, b, theta)
-    n = a.shape[-1]
     num_field = mu.shape[-1]
-    eta = _field.project(mu, model.design, n)
-    var = _field.site_variances(ops, chol, model.design, n)
-    # log Z's (log|Q| - ...) / 2 with log|Q| read off the prior's normalising constant
-    # (so that an improper prior, flat in some directions, counts its own constant)
     logdet_prior = 2.0 * _prior_log_norm(ops, precision, log_norm, num_field) + (
         num_field * _LOG_2PI
     )
     log_z = _field.log_normaliser(
         ops, logdet_prior, chol, c, mu, jnp.dot(m, ops.matvec(precision, m))
     )
+    return log_z, (mu, chol, ops)
+
+
+def _target(model: LatentGaussian, a, b, theta):
+    """``L(theta)`` (the ELBO with ``f`` integrated out, given the sites; the algebra of
+    :mod:`jaxvb._field`) and, as aux, ``q(f | theta)``'s ``(mean and variances of the
+    sites' linear predictor, mean, factor of the precision)``."""
+    log_z, (mu, chol, ops) = _log_z(model, a, b, theta)
+    n = a.shape[-1]
+    eta = _field.project(mu, model.design, n)
+    var = _field.site_variances(ops, chol, model.design, n)
     ell, _, _ = model.site_expectations(eta, var, theta)
     # the sites are diagonal on eta: their expected log is that of diagonal sites
     site_terms = jnp.sum(ell) - _field.expected_log_site(_field.Dense, a, b, eta, var)

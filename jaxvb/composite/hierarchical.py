@@ -204,7 +204,7 @@ class GaussianSitesBlock:
 
     def log_marginal(self, theta: Array) -> Array:
         """``log q(y | theta) = log ∫ p(f | theta) q(y | f) df``."""
-        return _log_normaliser(self, theta)[0]
+        return latent._log_z(self.model, self.site_precision, self.site_shift, theta)[0]
 
     def log_prob_given(self, f: Array, theta: Array) -> Array:
         """``log q(f | theta)``."""
@@ -217,20 +217,6 @@ class GaussianSitesBlock:
         # the sites inform: SV's log beta); a > 0, as the paper's sites are.
         a, b = self.site_precision, self.site_shift
         return jnp.all(a > 0) & jnp.all(jnp.isfinite(a)) & jnp.all(jnp.isfinite(b))
-
-
-def _log_normaliser(block: GaussianSitesBlock, theta: Array):
-    """``log Z(theta)`` of :mod:`jaxvb._field` and ``q(f | theta)``'s pieces."""
-    model, a, b = block.model, block.site_precision, block.site_shift
-    mu, chol, ops, m, precision, c, log_norm = latent._conditional(model, a, b, theta)
-    num_field = mu.shape[-1]
-    logdet_prior = 2.0 * latent._prior_log_norm(ops, precision, log_norm, num_field) + (
-        num_field * math.log(2 * math.pi)
-    )
-    log_z = _field.log_normaliser(
-        ops, logdet_prior, chol, c, mu, jnp.dot(m, ops.matvec(precision, m))
-    )
-    return log_z, (mu, chol, ops, m, precision)
 
 
 def _linearised_draw(block: ConditionalBlock, noise, parents: Array, dtype, wrt_parents):
