@@ -589,7 +589,12 @@ def _fit(
         status = status | jnp.where(good & ~settled & ~far, int(Status.UNSETTLED), 0)
 
     diag = diagnostics.evaluate(
-        key_eval, q, log_p_centred, num_eval_draws, chunk_size=_chunk_size(_size(q))
+        key_eval,
+        q,
+        log_p_centred,
+        num_eval_draws,
+        chunk_size=_chunk_size(_size(q)),
+        start=q0,
     )
     diag = diag._replace(elbo=diag.elbo + offset, log_evidence=diag.log_evidence + offset)
     status = status | jnp.where(
@@ -610,6 +615,11 @@ def _fit(
     status = status | jnp.where(judged & near, int(Status.UNSETTLED), 0)
     high_khat = (diag.khat > KHAT_THRESHOLD) & diag.khat_informative
     status = status | jnp.where(judged & high_khat, int(Status.HIGH_KHAT), 0)
+    # draws of q0 found mass that q's miss (a second mode q0 covers)
+    missed = diag.start_excess > jnp.maximum(
+        diagnostics.START_EXCESS, 3.0 * diag.start_excess_stderr
+    )
+    status = status | jnp.where(judged & missed, int(Status.MISSED_MASS), 0)
     return Result(
         q=q,
         elbo=diag.elbo,

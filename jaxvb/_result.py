@@ -77,6 +77,14 @@ class Status(enum.IntFlag):
     #: by :func:`explain` without a flag: k-hat alone is noisy, and pessimistic in
     #: many dimensions.)
     HIGH_KHAT = 256
+    #: Warning: draws of the distribution the fit started from reach posterior mass
+    #: that ``q`` misses: importance sampling from ``(q + q0) / 2`` puts ``log p(y)``
+    #: ``diagnostics.START_EXCESS`` (0.2) nats or more above ``q``'s own draws, and by
+    #: more than three standard errors (``diagnostics.Diagnostics.start_excess``). A
+    #: second mode (``q`` covers one of them; its evidence is too low) or a tail ``q``
+    #: does not follow. ``q`` cannot see a mode its draws never reach; ``q0``'s can,
+    #: where it covers it. Set only for fits started from a distribution ``q0``.
+    MISSED_MASS = 512
 
 
 #: Flags that make a result untrustworthy (``Result.ok`` is False, ``fit`` raises).
@@ -377,6 +385,14 @@ def explain(result: Result) -> str:
             f"{why}. Increase num_steps (or draws per step), start from a point x0 (the "
             "Laplace approximation there), or use a family that can follow the posterior."
         )
+    if Status.MISSED_MASS in status:
+        lines.append(
+            "draws of the start q0 reach posterior mass that q misses (importance "
+            "sampling from (q + q0) / 2 finds more than q's own draws): q covers one "
+            "part of the posterior, such as one of several modes, and its log evidence "
+            "is too low. Fit a jaxvb.GaussianMixture with a component per mode, or "
+            "check with starts in the other regions."
+        )
     if Status.NONFINITE_DIAGNOSTICS in status:
         lines.append(
             "log_joint was not finite at some draws of the fitted q; the diagnostics "
@@ -486,7 +502,13 @@ def check(
     )
     if flags & ERRORS and on_failure == "raise":
         raise FitError(f"{who}: {explain(result)}", result)
-    warned = ERRORS | Status.NONFINITE_DIAGNOSTICS | Status.UNSETTLED | Status.HIGH_KHAT
+    warned = (
+        ERRORS
+        | Status.NONFINITE_DIAGNOSTICS
+        | Status.UNSETTLED
+        | Status.HIGH_KHAT
+        | Status.MISSED_MASS
+    )
     if flags & warned or late_improper:
         warnings.warn(f"{who}: {explain(result)}", FitWarning, stacklevel=stacklevel + 1)
     return result

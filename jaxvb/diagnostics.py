@@ -48,6 +48,11 @@ KHAT_FLAG_VARIANCE = 0.5
 #: Gamma fitted to a log-normal); the README's minibatch fit with 100 steps instead of
 #: 2000, 0.08-3.9.
 REACHABLE_EXCESS = 0.4
+#: ``Diagnostics.start_excess`` above this (and above three standard errors) is
+#: ``Status.MISSED_MASS``: the start's draws found 22% more posterior mass than ``q``
+#: covers. Where ``q`` covers the posterior the excess is Monte Carlo noise (the two
+#: estimates share ``q``'s draws, and ``p / r <= 2 p / q``).
+START_EXCESS = 0.2
 
 
 class Diagnostics(NamedTuple):
@@ -91,6 +96,15 @@ class Diagnostics(NamedTuple):
       excess_stderr: the Monte Carlo standard error of ``residual_variance -
         reachable_variance`` (delta method; large when one draw in a heavy tail
         dominates both).
+      start_excess: with a ``start`` (:func:`evaluate`), how much more mass draws of
+        the start find than ``q``'s own: ``log Z_r - log Z_q``, the importance-sampling
+        estimates of ``log p(y)`` from the draws of ``r = (q + start) / 2`` (``q``'s
+        and as many of the start's, each weighed by ``p / r``) and from ``q``'s draws
+        alone. Near 0 (noise) where ``q`` covers the posterior; about ``log 2`` where
+        ``q`` sits on one of two equal modes and the start covers both
+        (:data:`START_EXCESS`). NaN without a start.
+      start_excess_stderr: the standard error of ``log Z_q`` (delta method over
+        ``q``'s draws): the noise ``start_excess`` is judged against.
 
     Example:
       ``q = N(0, 1)`` against the normalised ``p = N(0, 2)``: the ELBO is ``-KL(q || p)
@@ -122,6 +136,8 @@ class Diagnostics(NamedTuple):
     khat_informative: jax.Array
     reachable_variance: jax.Array
     excess_stderr: jax.Array
+    start_excess: jax.Array = jnp.nan
+    start_excess_stderr: jax.Array = jnp.nan
 
 
 def evaluate(
@@ -131,6 +147,7 @@ def evaluate(
     num_draws: int = 1000,
     *,
     chunk_size: int = 100,
+    start=None,
 ) -> Diagnostics:
     """Section 4's diagnostics of ``q`` as an approximation to ``log_joint``.
 
@@ -143,6 +160,9 @@ def evaluate(
         one after another (``lax.scan``), so that memory is that of one chunk whatever
         ``num_draws`` is. The numbers do not depend on it: draw ``i`` comes from the
         ``i``-th of ``jax.random.split(key, num_draws)``, as in ``q.sample``.
+      start: ``None``, or the distribution the fit started from (of ``q``'s type):
+        ``num_draws`` more draws of it, in the same chunks, give ``start_excess``: the
+        posterior mass they reach that ``q`` misses (a second mode, a tail).
 
     Returns:
       :class:`Diagnostics`. Draws where ``log_joint`` is not finite are left out of the
@@ -161,7 +181,11 @@ def evaluate(
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     reach = _reachable(q, num_draws)
-    dens = _log_densities(key, q, log_joint, num_draws, chunk_size, stats=reach)
+    dens = _log_densities(
+        key, q, log_joint, num_draws, chunk_size, stats=reach, start=start
+    )
+    if start is not None:
+        dens, (log_p0, log_q0, log_s0, log_s) = dens
     log_p, log_q = dens[:2]
     ok = jnp.isfinite(log_p)
     n = jnp.sum(ok)
@@ -222,6 +246,9 @@ def evaluate(
         reachable_variance=known(reachable),
         excess_stderr=known(excess_stderr),
     )
+    if start is not None:
+        excess, excess_se = _start_excess(log_p, log_q, log_s, log_p0, log_q0, log_s0, ok)
+        out = out._replace(start_excess=known(excess), start_excess_stderr=known(excess_se))
     if isinstance(q, GaussianMixture):
         # s^2/2 assumes a near-Gaussian residual, which a mixture's is not (and one
         # from the far tail dominates s^2): the evidence and KL by importance sampling.
@@ -269,26 +296,88 @@ def _ols_variance(t: jax.Array, log_p: jax.Array, ok: jax.Array):
     return jnp.sum(e2) / jnp.maximum(n - k - 1.0, 1.0), e2
 
 
-def _log_densities(key, q, log_joint, num_draws: int, chunk_size: int, stats=False):
+def _start_excess(log_p, log_q, log_s, log_p0, log_q0, log_s0, ok):
+    """``(log Z_r - log Z_q, stderr of log Z_q)`` (``Diagnostics.start_excess``).
+
+    ``log_s``/``log_s0``: the start's log density at ``q``'s draws and at its own;
+    ``log_q0``: ``q``'s at the start's draws. A draw where ``log p`` is not finite
+    weighs 0 (outside the support; a NaN says nothing either way).
+    """
+    n = log_p.shape[0]
+
+    def log_mean(v, keep, count):
+        v = jnp.where(keep, v, -jnp.inf)
+        top = jnp.max(v)
+        top = jnp.where(jnp.isfinite(top), top, 0.0)
+        return top + jnp.log(jnp.sum(jnp.exp(v - top)) / count), jnp.exp(v - top)
+
+    log_r = jnp.logaddexp(log_q, log_s) - math.log(2.0)
+    log_r0 = jnp.logaddexp(log_q0, log_s0) - math.log(2.0)
+    ok0 = jnp.isfinite(log_p0) & jnp.isfinite(log_r0)
+    log_zq, w = log_mean(log_p - log_q, ok, jnp.maximum(jnp.sum(ok), 1))
+    log_zr, _ = log_mean(
+        jnp.concatenate([log_p - log_r, log_p0 - log_r0]),
+        jnp.concatenate([ok, ok0]),
+        2 * n,
+    )
+    m = jnp.maximum(jnp.sum(ok), 2).astype(w.dtype)
+    mean_w = jnp.sum(w) / m
+    var_w = jnp.sum(jnp.where(ok, (w - mean_w) ** 2, 0.0)) / (m - 1.0)
+    return log_zr - log_zq, jnp.sqrt(var_w / m) / mean_w
+
+
+def _log_densities(
+    key, q, log_joint, num_draws: int, chunk_size: int, stats=False, start=None
+):
     """``log p`` and ``log q`` at ``num_draws`` draws of ``q``, in equal chunks.
 
     ``num_draws`` is cut into ``n`` chunks of equal size ``c <= chunk_size`` (the last
     padded with repeated keys, whose values are dropped): one traced program, not a
-    second one for a remainder.
+    second one for a remainder. With a ``start``, ``num_draws`` more of it in the same
+    program (one trace of ``log_joint``), returned as ``(densities of q's draws,
+    (log p, log q, log start) at the start's draws and log start at q's)``.
     """
+    if start is not None:
+        keys = jnp.concatenate(
+            [
+                jax.random.split(key, num_draws),
+                jax.random.split(jax.random.fold_in(key, 2), num_draws),
+            ]
+        )
+        src = jnp.arange(2 * num_draws) >= num_draws
+
+        def two(inputs):
+            k, from_start = inputs
+            x_q, lq = q.sample_and_log_prob(k)
+            x = jnp.where(from_start, start.sample(k), x_q)
+            log_q = jnp.where(from_start, q.log_prob(x), lq)
+            out = (jnp.asarray(log_joint(x)).astype(q.dtype), log_q, start.log_prob(x))
+            return out + (q.sufficient_stats(x),) if stats else out
+
+        out = _chunked(two, (keys, src), 2 * num_draws, chunk_size)
+        own = tuple(v[:num_draws] for v in out)
+        other = tuple(v[num_draws:] for v in out[:3])
+        return own[:2] + own[3:], other + (own[2],)
 
     def one(k):
         x, log_q = q.sample_and_log_prob(k)
         out = (jnp.asarray(log_joint(x)).astype(q.dtype), log_q)
         return out + (q.sufficient_stats(x),) if stats else out
 
-    keys = jax.random.split(key, num_draws)
+    return _chunked(one, jax.random.split(key, num_draws), num_draws, chunk_size)
+
+
+def _chunked(fn, inputs, num_draws: int, chunk_size: int):
+    """``vmap(fn)(inputs)`` in equal chunks of at most ``chunk_size`` rows."""
+    keys = inputs
     num_chunks = -(-num_draws // chunk_size)
     if num_chunks == 1:
-        return jax.vmap(one)(keys)
+        return jax.vmap(fn)(keys)
     size = -(-num_draws // num_chunks)
-    padded = jnp.concatenate([keys, keys[: num_chunks * size - num_draws]])
-    out = jax.lax.map(one, padded, batch_size=size)
+    padded = jax.tree_util.tree_map(
+        lambda v: jnp.concatenate([v, v[: num_chunks * size - num_draws]]), keys
+    )
+    out = jax.lax.map(fn, padded, batch_size=size)
     return tuple(v[:num_draws] for v in out)
 
 

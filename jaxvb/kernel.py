@@ -8,6 +8,7 @@ loop. One step of Algorithm 1 / 2 with the fixed step ``w``:
     stats <- (1 - w) stats + w s^                               (step control: halve w
     q     <- method.solve(stats)                                 while q is refused)
     if t > average_from: sums += s^                              (the second half)
+    stats, sums <- method.reframe(..., q_old, q)                 (if the method has it)
 
 and ``finalize`` solves the averaged statistics once more. The kernel names no family
 and no method: a :class:`jaxvb.methods.Method` says what the statistics are.
@@ -297,11 +298,15 @@ def _advance(
         | jnp.where(bad, int(Status.NONFINITE_LOG_DENSITY), 0)
     ).astype(jnp.int32)
     damped = proper & (tries > 0)
+    q_next = where_tree(proper, q_new, q)
+    if method.reframe is not None:  # statistics taken relative to q follow it
+        stats = method.reframe(stats, q, q_next)
+        sums = method.reframe(sums, q, q_next)
     new_state = State(
         stats=stats,
         sums=sums,
         count=count,
-        q=where_tree(proper, q_new, q),
+        q=q_next,
         status=status,
         first_improper_step=jnp.where(new_improper, t, state.first_improper_step),
         last_improper_step=jnp.where(proper, state.last_improper_step, t),

@@ -265,14 +265,25 @@ def test_jit_matches_eager(case, q):
     eager = draws(case, seed=1)
     jitted, jitted_noise = sample_jit(q, key)
     assert jitted.shape == eager.shape == (N_MC,) + q.event_shape
-    np.testing.assert_array_equal(as_array(jitted_noise), as_array(noise_eager(q, key)))
+    # The noise to a few ulp: bit for bit with XLA's default settings, but with the
+    # tests' (tests/conftest.py: the fusion emitters off) the jitted normal sampler's
+    # fused arithmetic can differ from the eager one's in its last bit.
+    noise = as_array(noise_eager(q, key))
+    np.testing.assert_allclose(
+        as_array(jitted_noise),
+        noise,
+        rtol=4 * np.finfo(noise.dtype).eps
+        if np.issubdtype(noise.dtype, np.floating)
+        else 0,
+        atol=0,
+    )
     if is_scalar_family(q):
         # As below, fused arithmetic may differ from the eager one in the last bits:
         # the gamma samplers work in log space, so a draw's relative error is the
         # absolute error of its log (a few ulp of |log x|, doubled by a boost U^(1/a)).
         np.testing.assert_allclose(jitted, eager, rtol=1e-13, atol=0)
     else:
-        # The noise is identical bit for bit (above), but under jit XLA fuses
+        # The noise is identical to a few ulp (above), and under jit XLA fuses
         # ``mean + L @ z`` into one loop whose multiply-add may be contracted (FMA), so a
         # draw can differ from the eager one in its last bit.
         scale = float(jnp.max(jnp.abs(eager)))

@@ -26,7 +26,8 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script: the tests' settings
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+        os.environ.get("XLA_FLAGS", "")
+        + " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
     ).strip()
 
 import jax

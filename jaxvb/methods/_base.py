@@ -51,6 +51,13 @@ class Method(NamedTuple):
         update is refused is halved (up to ``max_backtracks`` times); after that a
         proper update is taken at the smallest step and an improper one skipped.
         Set by wrappers such as :func:`trust_region`, not by a method for itself.
+      reframe: ``None``, or ``reframe(stats, q, q_new) -> stats``, for a method whose
+        statistics are taken relative to the current ``q`` (Algorithm 1 centres and
+        whitens ``T(x)`` by ``q``'s mean and covariance, so that float32 keeps what a
+        concentrated ``q`` puts in the last digits of the raw ``E[T~' T~]``): the same
+        statistics, relative to ``q_new``.
+        It must be linear, since the kernel applies it to the running statistics and
+        to the sums of the averaged steps alike, each time ``q`` moves.
 
     Example:
       The factories of :mod:`jaxvb.methods` build them; ``fit`` takes any ``Method``:
@@ -73,6 +80,7 @@ class Method(NamedTuple):
     solve: Callable[[Any, Any, Callable], Any]
     min_draws: Callable[[Any], int]
     accept: Callable[[Any, Any], Any] | None = None
+    reframe: Callable[[Any, Any, Any], Any] | None = None
 
 
 def trust_region(
