@@ -29,6 +29,7 @@ from jaxvb import _process, _progress, _static, diagnostics, kernel
 from jaxvb._algebra import finite_rows, masked_sum, where_tree
 from jaxvb._indices import out_of_bounds_reads
 from jaxvb._laplace import _laplace, default_tol, near_mode, raise_for, working_dtype
+from jaxvb._process import jit_fast
 from jaxvb._result import (  # noqa: F401  (re-exported for jaxvb._fit's old users)
     ERRORS,
     KHAT_THRESHOLD,
@@ -425,7 +426,7 @@ def _check_distances(check: _Check, method: Method, log_joint):
 
 
 @partial(
-    jax.jit,
+    jit_fast,
     static_argnames=(
         "log_joint",
         "method",
