@@ -85,13 +85,22 @@ def expected_outer_stats(q) -> jax.Array:
 
 def _frame(q) -> tuple[jax.Array, jax.Array]:
     """``(c, L)``: the statistics are kept as ``L^{-1} (T - c)``, ``c = E_q[T]`` and
-    ``L L' = Cov_q[T]`` (where float rounding leaves ``Cov_q[T]`` without a Cholesky
-    factor, its diagonal's square root: centred and scaled, not whitened)."""
+    ``L L' = Cov_q[T]``.
+
+    ``L = D chol(D^{-1} Cov D^{-1})`` with ``D`` the standard deviations: the raw
+    covariance can be ill-conditioned by scale alone (a Gaussian 3 sd from the origin
+    in 8-D: condition 1.6e5), and every step computes the frame of the same ``q`` more
+    than once (its draws, the move to the next ``q``, the solve), so in float32 the
+    copies must agree to ``eps * condition``: with the scaling first they did (three
+    of four keys had diverged or stopped 1.4e-2 off before). Where rounding leaves no
+    Cholesky factor, ``D`` alone (centred and scaled, not whitened).
+    """
     fisher = q.fisher_information
-    chol = jnp.linalg.cholesky(fisher)
+    sd = jnp.sqrt(jnp.diagonal(fisher))
+    chol = jnp.linalg.cholesky(fisher / sd[:, None] / sd[None, :])
     ok = jnp.all(jnp.isfinite(chol)) & jnp.all(jnp.diagonal(chol) > 0)
-    chol = jnp.where(ok, chol, jnp.diag(jnp.sqrt(jnp.diagonal(fisher))))
-    return q.mean_sufficient_stats, chol
+    chol = jnp.where(ok, chol, jnp.eye(len(sd), dtype=sd.dtype))
+    return q.mean_sufficient_stats, sd[:, None] * chol
 
 
 def _to_frame(t: jax.Array, frame) -> jax.Array:
