@@ -43,6 +43,7 @@ from jaxvb._result import (  # noqa: F401  (re-exported for jaxvb._fit's old use
 )
 from jaxvb.diagnostics import REACHABLE_EXCESS
 from jaxvb.families._base import Family, is_concrete
+from jaxvb.families.gaussian import Gaussian
 from jaxvb.methods import Method, resolve
 
 #: Fewest finite diagnostic draws from which a negative R^2 is flagged POOR_FIT (the
@@ -340,6 +341,19 @@ def _chunk_size(d: int) -> int:
     return max(1, min(100, _MAX_CHUNK // max(1, d)))
 
 
+#: The start's covariance is scaled by this for the diagnostics' draws of it
+#: (``Status.MISSED_MASS``): defensive, like a mixture's widened evidence draws.
+START_SCALE = 4.0
+
+
+def _wide_start(q0):
+    """``q0`` with ``START_SCALE`` times its covariance where it is a dense Gaussian
+    (formed from its precision: no ``O(d^3)`` inverse), else ``q0`` itself."""
+    if type(q0) is Gaussian:
+        return Gaussian.from_precision(q0.mean, q0.precision / START_SCALE)
+    return q0
+
+
 def _offset(key, q0, log_p_fn) -> jax.Array:
     """``log p`` at one draw of ``q0`` (0 where that is not finite), held fixed."""
     value = log_p_fn(q0.sample(key))
@@ -595,7 +609,7 @@ def _fit(
         log_p_centred,
         num_eval_draws,
         chunk_size=_chunk_size(_size(q)),
-        start=q0,
+        start=_wide_start(q0),
     )
     diag = diag._replace(elbo=diag.elbo + offset, log_evidence=diag.log_evidence + offset)
     status = status | jnp.where(

@@ -78,7 +78,8 @@ class Status(enum.IntFlag):
     #: many dimensions.)
     HIGH_KHAT = 256
     #: Warning: draws of the distribution the fit started from reach posterior mass
-    #: that ``q`` misses: importance sampling from ``(q + q0) / 2`` puts ``log p(y)``
+    #: that ``q`` misses: importance sampling from ``(q + q0) / 2`` (a Gaussian ``q0``
+    #: with its covariance widened 4x, ``jaxvb._fit.START_SCALE``) puts ``log p(y)``
     #: ``diagnostics.START_EXCESS`` (0.2) nats or more above ``q``'s own draws, and by
     #: more than three standard errors (``diagnostics.Diagnostics.start_excess``). A
     #: second mode (``q`` covers one of them; its evidence is too low) or a tail ``q``

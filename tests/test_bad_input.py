@@ -345,17 +345,18 @@ def two_modes(x):
 
 def test_a_mode_the_start_covers_and_q_misses_is_flagged():
     """Issue 16, reproducer 7: a Gaussian on one of two equal modes is exact there (R^2
-    1, log evidence log 1/2, status 0 before). The start's draws reach the other mode:
-    importance sampling from (q + q0) / 2 puts log p(y) ~log 2 above q's own
+    1, log evidence log 1/2, status 0 before). The start's draws (its covariance
+    widened 4x) reach the other mode: importance sampling from (q + q0) / 2 puts
+    log p(y) ~log 2 above q's own
     (MISSED_MASS, a warning: q itself is the right local answer). From a point x0 the
     start is the Laplace approximation at the same mode and nothing reaches the other:
     that case stays undetected (the note on the flag says so)."""
-    q0 = jaxvb.Gaussian(jnp.ones(1), 4.0 * jnp.eye(1))
+    q0 = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))  # the reproducer's start
     with pytest.warns(jaxvb.FitWarning, match="draws of the start q0 reach posterior mass"):
         res = jaxvb.fit(two_modes, q0, KEY, num_steps=300)
     assert jaxvb.Status(int(res.status)) == jaxvb.Status.MISSED_MASS
     assert bool(res.ok)  # a warning, not an error: q is the fit of one mode
-    np.testing.assert_allclose(res.q.mean, [5.0], atol=1e-6)
+    np.testing.assert_allclose(jnp.abs(res.q.mean), [5.0], atol=1e-6)  # either one
     np.testing.assert_allclose(float(res.log_evidence), -np.log(2.0), atol=1e-6)
     # in two dimensions and under vmap over keys alike
     q0 = jaxvb.Gaussian(jnp.ones(2), 9.0 * jnp.eye(2))
