@@ -42,7 +42,7 @@ from jaxvb._result import (  # noqa: F401  (re-exported for jaxvb._fit's old use
     explain,
 )
 from jaxvb.diagnostics import REACHABLE_EXCESS
-from jaxvb.families._base import Family, is_concrete
+from jaxvb.families._base import ExponentialFamily, Family, is_concrete
 from jaxvb.families.gaussian import Gaussian
 from jaxvb.methods import Method, resolve
 
@@ -347,11 +347,14 @@ START_SCALE = 4.0
 
 
 def _wide_start(q0):
-    """``q0`` with ``START_SCALE`` times its covariance where it is a dense Gaussian
-    (formed from its precision: no ``O(d^3)`` inverse), else ``q0`` itself."""
+    """The start's draws for ``Status.MISSED_MASS``: ``q0`` with ``START_SCALE`` times
+    its covariance where it is a dense Gaussian (formed from its precision: no
+    ``O(d^3)`` inverse), ``q0`` itself for the other exponential families, and
+    ``None`` (no check) for the rest: a mixture's evidence has wide draws of its own,
+    and a structured ``q`` (a latent field's) would compile its sampler twice."""
     if type(q0) is Gaussian:
         return Gaussian.from_precision(q0.mean, q0.precision / START_SCALE)
-    return q0
+    return q0 if isinstance(q0, ExponentialFamily) else None
 
 
 def _offset(key, q0, log_p_fn) -> jax.Array:
@@ -414,29 +417,34 @@ def _check_distances(check: _Check, method: Method, log_joint):
     parameters, ``log_prob`` stays accurate for ill-conditioned Gaussians.
     """
     q, dtype = check.q, check.q.dtype
+    tree = jax.tree_util.tree_map
 
     def update(total, n):
-        mean = jax.tree_util.tree_map(
-            lambda v: v / jnp.maximum(n, 1.0).astype(dtype), total
-        )
+        mean = tree(lambda v: v / jnp.maximum(n, 1.0).astype(dtype), total)
         return method.solve(mean, q, log_joint)
 
+    # The three updates (all draws, each half) in one vmapped solve, and the log
+    # densities of q and of them in one vmapped log_prob: each traced once, not three
+    # and four times (a structured q's solve and log_prob are much of what the check
+    # compiles: a latent field's banded factorisations)
+    both = tree(lambda v: jnp.stack([v[0] + v[1], v[0], v[1]]), check.sums)
+    counts = jnp.stack([check.counts[0] + check.counts[1], *check.counts])
+    updates = jax.vmap(update)(both, counts)
+    qs = tree(lambda a, b: jnp.concatenate([a[None], b]), q, updates)
     x = check.x.reshape(-1, *check.x.shape[2:])
+    log_probs = jax.lax.map(
+        lambda xi: jax.vmap(lambda one: one.log_prob(xi))(qs),
+        x,
+        batch_size=_chunk_size(x.shape[-1]),
+    )  # (num_draws, 4): q, the update, the halves' updates
+    proper = jax.vmap(lambda one: one.is_proper)(qs)
 
-    def distance(a, b):
-        chunk = _chunk_size(x.shape[-1])
-        d = jax.lax.map(a.log_prob, x, batch_size=chunk) - jax.lax.map(
-            b.log_prob, x, batch_size=chunk
-        )
-        value = 0.5 * jnp.var(d)
-        proper = a.is_proper & b.is_proper & jnp.isfinite(value)
-        return jnp.where(proper, value, jnp.inf)
+    def distance(i, j):
+        value = 0.5 * jnp.var(log_probs[:, i] - log_probs[:, j])
+        ok = proper[i] & proper[j] & jnp.isfinite(value)
+        return jnp.where(ok, value, jnp.inf)
 
-    half = [jax.tree_util.tree_map(lambda v, i=i: v[i], check.sums) for i in (0, 1)]
-    both = jax.tree_util.tree_map(jnp.add, *half)
-    shift = distance(q, update(both, check.counts[0] + check.counts[1]))
-    noise = distance(update(half[0], check.counts[0]), update(half[1], check.counts[1]))
-    return shift, noise
+    return distance(0, 1), distance(2, 3)
 
 
 @partial(
