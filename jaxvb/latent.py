@@ -77,6 +77,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -88,7 +89,14 @@ from jaxvb import _field, _static, linalg
 from jaxvb._algebra import cast_tree, precision_factor, solve_precision
 from jaxvb._laplace import default_tol, laplace_traced, near_mode
 from jaxvb._process import jit_once
-from jaxvb.families._base import Array, Family, build, register_dataclass, register_family
+from jaxvb.families._base import (
+    Array,
+    Family,
+    build,
+    is_concrete,
+    register_dataclass,
+    register_family,
+)
 from jaxvb.families.gaussian import Gaussian
 from jaxvb.methods._base import Method
 from jaxvb.methods._registry import register
@@ -420,7 +428,31 @@ class LatentGaussian:
         model = self.bind(theta0)
         arrays, static = _static.partition(model)
         q0, ok = _start(arrays, static, theta0)
+        if is_concrete(ok) and not bool(ok):
+            _name_the_prior(model, theta0)
         return model, q0, ok
+
+
+def _name_the_prior(model: LatentGaussian, theta0: Array) -> None:
+    """Where a start failed because ``p(f | theta0)`` has no normalising constant from
+    its precision (no Cholesky factor), a warning that names it: the fit's own flags
+    (``LAPLACE_FAILED``, non-finite diagnostics) cannot say why."""
+    m, precision, log_norm = model.prior_of_field(theta0)
+    if log_norm is not None:
+        return
+    if bool(
+        jnp.isfinite(_prior_log_norm(_field.ops(precision), precision, None, m.shape[-1]))
+    ):
+        return
+    warnings.warn(
+        "LatentGaussian: the prior precision Q(theta0) has no Cholesky factor (it is "
+        "not positive definite), so log p(f | theta0) has no normalising constant and "
+        "the start failed. A prior flat in some direction (a zero corner for a flat "
+        "intercept) is fine if prior returns (mean, precision, log_norm) with the "
+        "density's log constant; otherwise Q(theta) must be positive definite.",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 # One compiled program for the whole start (eagerly, its loops and searches would be

@@ -184,6 +184,26 @@ def test_a_flat_prior_on_a_fixed_effect_with_its_log_norm_is_exact():
     assert jnp.isfinite(res.q.model(x))
 
 
+def test_a_flat_prior_without_its_log_norm_is_named():
+    """The same flat prior without ``log_norm``: no factor of the precision gives its
+    constant, the start fails (flagged) and a warning names the cause and the fix."""
+    q_ar = _ar1_band()
+    model = jaxvb.LatentGaussian(
+        log_prior=lambda th: -0.5 * jnp.sum(th**2),
+        prior=lambda th: (
+            jnp.zeros(T + 1),
+            Arrowhead(q_ar, jnp.zeros((T, 1)), jnp.zeros((1, 1))),
+        ),
+        log_lik=lambda f, y: -0.5 * (y - f) ** 2 / NOISE_VAR,
+        data=Y,
+        design=jnp.ones((T, 1)),
+    )
+    with pytest.warns(RuntimeWarning, match="no Cholesky factor.*log_norm"):
+        res = jaxvb.fit(model, jnp.zeros(1), KEY, num_steps=20, on_failure="ignore")
+    assert jaxvb.Status.LAPLACE_FAILED in jaxvb.Status(int(res.status))
+    assert not bool(res.ok)
+
+
 @pytest.mark.slow
 def test_hessian_by_autodiff_is_exact_too():
     method = jaxvb.latent.latent_gaussian(hessian="autodiff")
