@@ -304,26 +304,19 @@ def _start_excess(log_p, log_q, log_s, log_p0, log_q0, log_s0, ok):
     weighs 0 (outside the support; a NaN says nothing either way).
     """
     n = log_p.shape[0]
-
-    def log_mean(v, keep, count):
-        v = jnp.where(keep, v, -jnp.inf)
-        top = jnp.max(v)
-        top = jnp.where(jnp.isfinite(top), top, 0.0)
-        return top + jnp.log(jnp.sum(jnp.exp(v - top)) / count), jnp.exp(v - top)
-
+    m = jnp.maximum(jnp.sum(ok), 1).astype(log_p.dtype)
+    log_w = jnp.where(ok, log_p - log_q, -jnp.inf)
+    log_zq = jax.nn.logsumexp(log_w) - jnp.log(m)
     log_r = jnp.logaddexp(log_q, log_s) - math.log(2.0)
     log_r0 = jnp.logaddexp(log_q0, log_s0) - math.log(2.0)
     ok0 = jnp.isfinite(log_p0) & jnp.isfinite(log_r0)
-    log_zq, w = log_mean(log_p - log_q, ok, jnp.maximum(jnp.sum(ok), 1))
-    log_zr, _ = log_mean(
-        jnp.concatenate([log_p - log_r, log_p0 - log_r0]),
-        jnp.concatenate([ok, ok0]),
-        2 * n,
+    log_v = jnp.concatenate(
+        [jnp.where(ok, log_p - log_r, -jnp.inf), jnp.where(ok0, log_p0 - log_r0, -jnp.inf)]
     )
-    m = jnp.maximum(jnp.sum(ok), 2).astype(w.dtype)
-    mean_w = jnp.sum(w) / m
-    var_w = jnp.sum(jnp.where(ok, (w - mean_w) ** 2, 0.0)) / (m - 1.0)
-    return log_zr - log_zq, jnp.sqrt(var_w / m) / mean_w
+    log_zr = jax.nn.logsumexp(log_v) - math.log(2 * n)
+    w = jnp.exp(log_w - log_zq)  # q's weights over their mean (0 where not ok)
+    var_w = jnp.sum(jnp.where(ok, (w - 1.0) ** 2, 0.0)) / jnp.maximum(m - 1.0, 1.0)
+    return log_zr - log_zq, jnp.sqrt(var_w / m)
 
 
 def _log_densities(

@@ -363,6 +363,12 @@ def test_a_mode_the_start_covers_and_q_misses_is_flagged():
     fits = jax.vmap(lambda k: jaxvb.fit(two_modes, q0, k, num_steps=300))
     status = np.asarray(fits(jax.random.split(KEY, 4)).status)
     np.testing.assert_array_equal(status & int(jaxvb.Status.MISSED_MASS), 512)
+    # and in float32, JAX's default (measured: 20 of 20 keys flagged with x64 off)
+    q0 = jaxvb.Gaussian(jnp.zeros(1, jnp.float32), jnp.eye(1, dtype=jnp.float32))
+    fits = jax.vmap(lambda k: jaxvb.fit(two_modes, q0, k, num_steps=300))
+    res = fits(jax.random.split(KEY, 4))
+    assert res.q.mean.dtype == jnp.float32
+    np.testing.assert_array_equal(res.status, int(jaxvb.Status.MISSED_MASS))
 
 
 def test_the_start_check_is_quiet_where_q_covers_the_posterior():
