@@ -702,6 +702,26 @@ class LatentGaussianApproximation(Family):
         )
         return self.theta.log_prob(theta) + log_q_f
 
+    def sample_and_log_prob(self, key: Array, sample_shape: tuple[int, ...] = ()):
+        """Draws and their ``log q``, one factorisation of ``q(f | theta)`` per draw:
+        ``f = mu + L'^{-1} z`` has ``log q(f | theta) = log|L| - T/2 log 2 pi - z'z/2``
+        (``log_prob`` of a given point factors again). The same draws as ``sample``."""
+        if sample_shape != ():
+            keys = jax.random.split(key, math.prod(sample_shape))
+            x, log_q = jax.vmap(self.sample_and_log_prob)(keys)
+            return (
+                x.reshape(tuple(sample_shape) + self.event_shape),
+                log_q.reshape(tuple(sample_shape)),
+            )
+        z_theta, z_f = self.noise(key)
+        theta = self.theta.from_noise(z_theta)
+        mu, chol, ops = self.conditional(theta)
+        log_q_f = 0.5 * (ops.logdet(chol) - z_f.shape[0] * _LOG_2PI) - 0.5 * jnp.dot(
+            z_f, z_f
+        )
+        x = jnp.concatenate([theta, mu + ops.back(chol, z_f)])
+        return x, self.theta.log_prob(theta) + log_q_f
+
     def unpack(self, x: Array) -> tuple[Array, Array]:
         """``(theta, f)`` from flat draws ``(..., k + T)``."""
         k = self.num_hyper

@@ -283,6 +283,14 @@ def test_sample_and_log_prob_are_the_joint_gaussian():
     np.testing.assert_allclose(
         jax.vmap(res.q.log_prob)(pts), jax.vmap(exact.log_prob)(pts), rtol=1e-9
     )
+    # the family's own draws with their density (one factorisation each): the same
+    # draws as sample, the same density as log_prob
+    draws, log_q = res.q.sample_and_log_prob(jax.random.key(2), (7,))
+    np.testing.assert_array_equal(draws, res.q.sample(jax.random.key(2), (7,)))
+    np.testing.assert_allclose(log_q, jax.vmap(res.q.log_prob)(draws), rtol=1e-12)
+    one, log_one = res.q.sample_and_log_prob(jax.random.key(3))
+    np.testing.assert_array_equal(one, res.q.sample(jax.random.key(3)))
+    np.testing.assert_allclose(log_one, res.q.log_prob(one), rtol=1e-12)
 
 
 @pytest.mark.slow

@@ -31,7 +31,9 @@ RTOL = 1e-10
 N_SE = 5.0
 N_MC = 20_000
 SIZES = (1, 2, 5, 50)
-BANDWIDTHS = (0, 1, 2)
+# 0, 1 and 2 take the row recurrences, 5 the blocks (w >= 4: blocks of max(w, 8) rows;
+# T = 50 is not a whole number of them, T = 1, 2, 5 are less than one)
+BANDWIDTHS = (0, 1, 2, 5)
 # Every (T, w) once, with k in {1, 2} in a checkerboard: each T and each w meets both k.
 # The full cross product would double the compilations for little: k only sizes the
 # dense k x k algebra, the same code for every (T, w).
@@ -139,9 +141,13 @@ def banded_everything(ab, rhs):
     )
 
 
-@pytest.mark.parametrize("w", BANDWIDTHS)
-@pytest.mark.parametrize("t", SIZES)
+@pytest.mark.parametrize(
+    ("t", "w"),
+    [(t, w) for t in SIZES for w in BANDWIDTHS] + [(50, 9), (23, 11), (7, 9)],
+)
 def test_banded_against_dense(t, w):
+    """Every size and bandwidth, and blocks of exactly ``w`` rows (``w = 9, 11``; 50 and
+    23 rows are not whole blocks; 7 rows are fewer than ``w``)."""
     rng = np.random.default_rng(100 * t + w)
     a = random_banded(rng, t, w)
     rhs = rng.normal(size=(t, 3))
@@ -370,7 +376,7 @@ def symmetric_grad(g_dense, w):
     return np_band(2 * g_dense - np.diag(np.diag(g_dense)), w)
 
 
-@pytest.mark.parametrize("w", (0, 2))
+@pytest.mark.parametrize("w", (0, 2, 5))
 def test_banded_gradients_match_dense_formulas(w):
     rng = np.random.default_rng(6 + w)
     t = 9
@@ -525,6 +531,36 @@ def test_not_positive_definite_gives_nan_not_a_number():
     assert not bool(out["arrow_is_pd"])
     assert np.isnan(out["arrow_logdet"])
     assert out["batch"].tolist() == [True, False]  # flagged per element under vmap
+
+
+def test_not_positive_definite_by_blocks_gives_nan_from_the_bad_block_on():
+    """``w >= 4`` factors in blocks of ``max(w, 8)`` rows: a negative pivot in row 12
+    (block 1 of 3) gives NaN from that block's first row (8) on, finite rows before it,
+    and a NaN log-determinant, selected inverse and solve."""
+    t, w = 20, 4
+    rng = np.random.default_rng(3)
+    a = random_banded(rng, t, w)
+    a[12, 12] = -1.0
+    ab = np_band(a, w)
+
+    @jax.jit
+    def run(ab):
+        chol = la.cholesky_banded(ab)
+        return dict(
+            chol=chol,
+            is_pd=la.is_pd_banded(chol),
+            logdet=la.logdet_banded(chol),
+            selinv=la.selected_inverse_banded(chol),
+            solve=la.solve_banded(chol, jnp.ones(t)),
+        )
+
+    out = run(ab)
+    chol = np.asarray(out["chol"])
+    assert not bool(out["is_pd"])
+    assert np.all(np.isfinite(chol[:, :8])) and np.all(np.isnan(chol[0, 8:]))
+    assert np.isnan(out["logdet"])
+    assert np.all(np.isnan(np.asarray(out["selinv"])[0]))
+    assert np.all(np.isnan(np.asarray(out["solve"])))
 
 
 def test_bad_shapes_raise():
