@@ -79,7 +79,7 @@ import functools
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -88,7 +88,7 @@ import numpy as np
 from jaxvb import _field, _static, linalg
 from jaxvb._algebra import cast_tree, precision_factor, solve_precision
 from jaxvb._laplace import default_tol, laplace_traced, near_mode
-from jaxvb._process import jit_once
+from jaxvb._process import jit_fast, jit_once
 from jaxvb.families._base import (
     Array,
     Family,
@@ -101,7 +101,12 @@ from jaxvb.families.gaussian import Gaussian
 from jaxvb.methods._base import Method
 from jaxvb.methods._registry import register
 
-__all__ = ["LatentGaussian", "LatentGaussianApproximation", "latent_gaussian"]
+__all__ = [
+    "LatentGaussian",
+    "LatentGaussianApproximation",
+    "LatentImportance",
+    "latent_gaussian",
+]
 
 _STATIC = {"static": True}
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -722,6 +727,79 @@ class LatentGaussianApproximation(Family):
         x = jnp.concatenate([theta, mu + ops.back(chol, z_f)])
         return x, self.theta.log_prob(theta) + log_q_f
 
+    def importance_resample(
+        self,
+        key: Array,
+        n: int,
+        *,
+        num_theta: int = 2000,
+        num_f: int = 32,
+        widen: float = 1.0,
+        warn: bool = True,
+    ) -> LatentImportance:
+        """``n`` draws of ``(theta, f)`` corrected towards the posterior by importance
+        sampling: where ``p(f | theta, y)`` is far from Gaussian (small counts), the
+        Gaussian ``q(f | theta)``'s gap varies with ``theta`` and biases ``q(theta)``.
+
+        Draws ``num_theta`` hyperparameters from ``q(theta)`` widened (its covariance
+        times ``widen^2``) and, for each, ``num_f`` fields of ``q(f | theta)``. Each
+        ``theta_i`` is weighted by ``w_i = mean_j p(y, theta_i, f_ij) / (r(theta_i)
+        q(f_ij | theta_i))`` (``r`` the widened proposal; an unbiased estimate of
+        ``p(y, theta_i) / r(theta_i)``, the conditional gap integrated out), the
+        weights Pareto-smoothed (:func:`jaxvb.diagnostics.psis`); each ``theta_i``
+        keeps one of its fields, picked by its ratio, and the ``n`` draws resample
+        the pairs by the smoothed weights (sampling importance resampling, two
+        stages). On the LGCP of ``benchmarks/latent_gaussian.py`` (counts of ~2 per
+        cell) ``q``'s ``sigma`` is 0.4 NUTS sd low, the corrected draws' < 0.1.
+
+        Args:
+          key: a JAX random key.
+          n: the number of draws returned.
+          num_theta: hyperparameter draws weighted; the estimate's noise falls as
+            ``1 / sqrt(ess)``.
+          num_f: fields per hyperparameter draw (``num_theta * num_f`` evaluations of
+            the log joint, in chunks; ``2 num_theta`` factorisations).
+          widen: the proposal's scale against ``q(theta)``'s (``>= 1``). Wider
+            proposals reach where ``q(theta)`` is too narrow, but there the fixed
+            sites fit ``p(f | theta, y)`` worse and the inner ratios get noisier: on
+            the LGCP ``widen=1.5`` raised k-hat from 0.5-0.7 to 0.85-0.9.
+          warn: a ``RuntimeWarning`` where ``khat > 0.7`` (the weights' tail is too
+            heavy for the correction to be trusted).
+
+        Returns:
+          :class:`LatentImportance`: ``theta (n, k)``, ``f (n, N)``, ``khat``, ``ess``
+          and ``log_evidence`` (``log p(y)`` as the log mean of all weights).
+        """
+        if not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
+        if not isinstance(num_theta, (int, np.integer)) or num_theta < 25:
+            raise ValueError(
+                "num_theta must be an integer >= 25 (Pareto smoothing fits the tail of "
+                f"at least 5 weights), got {num_theta!r}"
+            )
+        if not isinstance(num_f, (int, np.integer)) or num_f < 1:
+            raise ValueError(f"num_f must be a positive integer, got {num_f!r}")
+        if not float(widen) >= 1.0:
+            raise ValueError(f"widen must be a number >= 1, got {widen!r}")
+        out = _importance_resample(
+            self,
+            key,
+            int(n),
+            int(num_theta),
+            int(num_f),
+            jnp.asarray(widen, self.dtype),
+        )
+        if warn and is_concrete(out.khat) and float(out.khat) > 0.7:
+            warnings.warn(
+                f"importance_resample: the Pareto k-hat of the hyperparameters' weights "
+                f"is {float(out.khat):.2f} (above 0.7): q(theta) misses posterior mass "
+                "the weights cannot restore, so the corrected draws are unreliable. More "
+                "num_f, a longer fit, or a reparameterisation of theta may help.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return out
+
     def unpack(self, x: Array) -> tuple[Array, Array]:
         """``(theta, f)`` from flat draws ``(..., k + T)``."""
         k = self.num_hyper
@@ -732,6 +810,82 @@ class LatentGaussianApproximation(Family):
             f"LatentGaussianApproximation(theta=N(mean={np.asarray(self.theta.mean)!r}), "
             f"T={self.num_latent})"
         )
+
+
+class LatentImportance(NamedTuple):
+    """Draws of :meth:`LatentGaussianApproximation.importance_resample`.
+
+    Attributes:
+      theta: ``(n, k)`` hyperparameters.
+      f: ``(n, N)`` fields.
+      khat: the Pareto k-hat of the hyperparameters' weights; above 0.7 the correction
+        is unreliable.
+      ess: the effective sample size of the smoothed weights (of ``num_theta``).
+      log_evidence: ``log p(y)``, the log mean of the ``num_theta * num_f`` ratios.
+    """
+
+    theta: Array
+    f: Array
+    khat: Array
+    ess: Array
+    log_evidence: Array
+
+
+# the log joint's evaluations held at once (chunk * num_f * N floats) by the chunks
+_IMPORTANCE_HELD = 2**22
+
+
+@functools.partial(jit_fast, static_argnames=("n", "num_theta", "num_f"))
+def _importance_resample(q, key, n, num_theta, num_f, widen):
+    from jaxvb.diagnostics import psis
+
+    model = q.model
+    num_field = q.num_latent
+    k_theta, k_f, k_pick = jax.random.split(key, 3)
+    # the proposal: q(theta) widened (its covariance times widen^2), so that the
+    # weights' tail is not that of a narrower q against a wider posterior
+    proposal = build(
+        Gaussian, mean=q.theta.mean, precision_factor=q.theta.precision_factor / widen
+    )
+    theta = proposal.sample(k_theta, (num_theta,))
+    log_proposal = jax.vmap(proposal.log_prob)(theta)
+
+    def at(th, key_i):
+        """For one ``theta``: ``log p(y, theta, f_j) - log q(f_j | theta)`` over ``num_f``
+        draws of ``q(f | theta)``, and one of the draws picked by its ratio."""
+        mu, chol, ops = q.conditional(th)
+        k_z, k_j = jax.random.split(key_i)
+        z = jax.random.normal(k_z, (num_field, num_f), q.dtype)
+        f = (mu[:, None] + ops.back(chol, z)).T  # (num_f, N)
+        log_q_f = 0.5 * (ops.logdet(chol) - num_field * _LOG_2PI) - 0.5 * jnp.sum(z * z, 0)
+        m, precision, log_norm = model.prior_of_field(th)
+        prior_ops = _field.ops(precision)
+        log_norm = _prior_log_norm(prior_ops, precision, log_norm, num_field)
+        n_sites = model.num_sites(precision, num_field)
+        d = (f - m).T  # (N, num_f)
+        quad = jnp.sum(d * prior_ops.matvec(precision, d), 0)
+        eta = jax.vmap(lambda fj: _field.project(fj, model.design, n_sites))(f)
+        lik = jax.vmap(lambda e: jnp.sum(model.site_log_lik(e, th)))(eta)
+        ratio = model.prior_log_density(th) + log_norm - 0.5 * quad + lik - log_q_f
+        ratio = jnp.where(jnp.isnan(ratio), -jnp.inf, ratio)
+        return ratio, f[jax.random.categorical(k_j, ratio)]
+
+    chunk = max(1, min(num_theta, _IMPORTANCE_HELD // (num_f * num_field)))
+    ratios, picked = jax.lax.map(
+        lambda a: at(*a), (theta, jax.random.split(k_f, num_theta)), batch_size=chunk
+    )
+    ratios = ratios - log_proposal[:, None]
+    log_w = jax.nn.logsumexp(ratios, axis=1) - math.log(num_f)
+    smoothed = psis(log_w)
+    i = jax.random.categorical(k_pick, smoothed.log_weights, shape=(n,))
+    weights = jnp.exp(smoothed.log_weights)
+    return LatentImportance(
+        theta=theta[i],
+        f=picked[i],
+        khat=smoothed.khat,
+        ess=1.0 / jnp.sum(weights**2),
+        log_evidence=jax.nn.logsumexp(ratios) - math.log(num_theta * num_f),
+    )
 
 
 # -------------------------------------------------------------------- the method

@@ -6,6 +6,7 @@ dense and a banded precision, vmap equal to the loop, clear errors for bad model
 accuracy against NUTS on a Poisson model (slow tier).
 """
 
+import dataclasses
 import math
 
 import jax
@@ -684,3 +685,43 @@ def test_linear_predictor_and_num_sites():
     np.testing.assert_array_equal(border.linear_predictor(f), f[:, :T])
     plain = _model(True).bind(jnp.zeros(1))
     np.testing.assert_array_equal(plain.linear_predictor(f[:, :T]), f[:, :T])
+
+
+def test_importance_resample_is_exact_where_q_is_the_posterior():
+    """The conjugate model: ``q`` is the posterior, so every ratio ``p(y, theta, f) /
+    q(theta, f)`` is ``p(y)``: the evidence exact, equal weights (ess = num_theta), and
+    the draws those of ``q``."""
+    res = jaxvb.fit(_model(True), jnp.zeros(1), KEY, num_steps=50)
+    mean, var, log_z = _exact()
+    out = res.q.importance_resample(jax.random.key(1), 3000, num_theta=500, num_f=4)
+    assert out.theta.shape == (3000, 1) and out.f.shape == (3000, T)
+    assert float(out.log_evidence) == pytest.approx(log_z, abs=1e-9)
+    assert float(out.ess) == pytest.approx(500.0, rel=1e-9)
+    assert not float(out.khat) > 0.7
+    # resampled from 500 draws of q(theta): their mean within 5 se of the exact one
+    assert abs(float(out.theta.mean()) - mean) < 5.0 * math.sqrt(var / 500)
+    # each f is a draw of q(f | theta) at its theta: the field's conditional mean given
+    # theta is linear in theta, so f - E[f | theta] averages to zero
+    cond_mean = jax.vmap(lambda th: res.q.conditional(th)[0])(out.theta)
+    resid = np.asarray(out.f - cond_mean)
+    assert np.all(np.abs(resid.mean(0)) < 5.0 * resid.std(0) / math.sqrt(500))
+    with pytest.raises(ValueError, match="num_theta"):
+        res.q.importance_resample(jax.random.key(1), 10, num_theta=10)
+    with pytest.raises(ValueError, match="widen"):
+        res.q.importance_resample(jax.random.key(1), 10, widen=0.5)
+
+
+def test_importance_resample_warns_where_q_theta_misses_the_posterior():
+    """``q(theta)`` 3 sd off and a third as wide: the weights' tail is heavy (k-hat >
+    0.7), and the corrected draws say so."""
+    res = jaxvb.fit(_model(True), jnp.zeros(1), KEY, num_steps=50)
+    mean, var, _ = _exact()
+    off = dataclasses.replace(
+        res.q,
+        theta=jaxvb.Gaussian(
+            jnp.array([mean + 3.0 * math.sqrt(var)]), jnp.array([[var / 9.0]])
+        ),
+    )
+    with pytest.warns(RuntimeWarning, match="k-hat"):
+        out = off.importance_resample(jax.random.key(2), 100, num_theta=400, num_f=2)
+    assert float(out.khat) > 0.7
