@@ -822,6 +822,17 @@ class LatentImportance(NamedTuple):
         is unreliable.
       ess: the effective sample size of the smoothed weights (of ``num_theta``).
       log_evidence: ``log p(y)``, the log mean of the ``num_theta * num_f`` ratios.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> model = jaxvb.LatentGaussian(
+      ...     log_prior=lambda th: -0.5 * jnp.sum(th**2),
+      ...     prior=lambda th: (jnp.zeros(2), jnp.exp(th[0]) * jnp.eye(2)),
+      ...     log_lik=lambda f, y: y * f - jnp.exp(f), data=jnp.array([1.0, 3.0]))
+      >>> res = jaxvb.fit(model, jnp.zeros(1), jax.random.key(0), num_steps=100)
+      >>> out = res.q.importance_resample(jax.random.key(1), 500, warn=False)
+      >>> out.theta.shape, out.f.shape, bool(out.khat < 0.7)
+      ((500, 1), (500, 2), True)
     """
 
     theta: Array
