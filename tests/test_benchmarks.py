@@ -174,6 +174,11 @@ def test_latent_gaussian_quick(tmp_path):
             assert 0.8 < p["sd_ratio"] < 1.2, name
         assert fit["latent"]["rms_standardised_error"] < 0.15
         assert 0.8 < fit["latent"]["median_sd_ratio"] < 1.2
+    # the importance-corrected draws of a near-Gaussian posterior: light-tailed
+    # weights (k-hat ~0.3 measured) and means as good as q's
+    imp = glmm["importance"]
+    assert imp["khat"] < 0.7 and imp["ess"] > 500
+    assert imp["worst"]["max_abs_mean_error_in_ref_sd"] < 0.25
     assert glmm["nuts"]["run_s"] > 0 and glmm["nuts"]["vs_reference"]["latent"]
     assert glmm["reference"]["r_hat_max"] < 1.01
     assert set(result["targets"]) == {"glmm_baseball", "scaling_slope"}
