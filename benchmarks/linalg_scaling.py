@@ -13,6 +13,13 @@ machine is shared; the minimum is the least disturbed). Compile time is recorded
 The log-log slope of time against T (least squares) should be ~1; it is also fitted
 over T >= 10^4 only, where fixed per-call overhead no longer dominates.
 
+**Bandwidths** (``bandwidths`` in the JSON): for wider bands ``jaxvb.linalg`` factors
+by blocks of ``max(w, 8)`` rows (``w >= 4``) rather than row by row. For ``T = 400``
+and ``10^4`` and ``w = 2 ... 40`` (a random SPD band), the value and the gradient of
+``log|A| + y'A^{-1}y + sum(diag A^{-1})`` (factor, solve, selected inverse and their
+reverse pass, what a latent Gaussian model's step differentiates) by either path,
+after compile, and each path's compile time.
+
 Output: ``linalg_scaling.json`` in ``benchmarks/results/`` (or ``--out``; ``--quick``
 runs T <= 10^4 into a temporary directory).
 
@@ -34,6 +41,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 try:
@@ -80,6 +88,67 @@ def time_it(fn, arg, repeats):
         jax.block_until_ready(compiled(arg))
         runs.append(time.perf_counter() - t0)
     return out, compile_s, runs
+
+
+BAND_SIZES = (400, 10**4)
+BAND_WIDTHS = (2, 4, 8, 16, 40)
+
+
+def random_band(t, w, dtype, seed=0):
+    """A diagonally dominant SPD matrix of bandwidth ``w`` in lower band form."""
+    rng = np.random.default_rng(seed)
+    ab = np.concatenate([np.full((1, t), w + 2.0), rng.uniform(-0.5, 0.5, (w, t))])
+    ab[np.arange(t)[None, :] >= t - np.arange(w + 1)[:, None]] = 0.0
+    return ab.astype(dtype)
+
+
+def band_objective(ab, y):
+    chol = la.cholesky_banded(ab)
+    return (
+        la.logdet_banded(chol)
+        + y @ la.solve_banded(chol, y)
+        + jnp.sum(la.selected_inverse_banded(chol)[0])
+    )
+
+
+def time_bandwidths(sizes, widths, repeats, dtype):
+    """Rows against blocks (the switch ``banded._BLOCK_MIN_W`` set for each trace)."""
+    from jaxvb.linalg import banded as banded_module
+
+    default = banded_module._BLOCK_MIN_W
+    rows = []
+    for t in sizes:
+        y = np.random.default_rng(1).normal(size=t).astype(dtype)
+        for w in widths:
+            ab = random_band(t, w, dtype)
+            row = dict(T=t, w=w)
+            values = {}
+            for path, min_w in (("rows", 10**9), ("blocks", 0)):
+                banded_module._BLOCK_MIN_W = min_w
+                try:
+                    grad = jax.value_and_grad(band_objective)
+                    out, compile_s, runs = time_it(
+                        lambda a, g=grad, y=y: g(a, y), ab, repeats
+                    )
+                finally:
+                    banded_module._BLOCK_MIN_W = default
+                values[path] = out
+                row[path] = dict(compile_s=compile_s, run_s_min=min(runs))
+            row["default"] = "blocks" if w >= default else "rows"
+            row["rows_over_blocks"] = row["rows"]["run_s_min"] / row["blocks"]["run_s_min"]
+            row["max_rel_diff"] = float(
+                np.max(np.abs(values["rows"][1] - values["blocks"][1]))
+                / np.max(np.abs(values["rows"][1]))
+            )
+            rows.append(row)
+            print(
+                f"bands     T={t:>6d} w={w:>3d}  rows {row['rows']['run_s_min'] * 1e3:8.3f} ms"
+                f" (compile {row['rows']['compile_s']:.2f} s)  blocks "
+                f"{row['blocks']['run_s_min'] * 1e3:8.3f} ms (compile "
+                f"{row['blocks']['compile_s']:.2f} s)  default {row['default']}",
+                flush=True,
+            )
+    return rows
 
 
 def slope(sizes, seconds):
@@ -129,6 +198,10 @@ def main(argv=None):
                 flush=True,
             )
 
+    band_sizes = BAND_SIZES[:1] if args.quick else BAND_SIZES
+    band_widths = (4, 16) if args.quick else BAND_WIDTHS
+    bandwidths = time_bandwidths(band_sizes, band_widths, args.repeats, dtype)
+
     fits = {}
     for name, rs in rows.items():
         ts = [r["T"] for r in rs]
@@ -150,6 +223,14 @@ def main(argv=None):
         repeats=args.repeats,
         timings=rows,
         loglog_slope=fits,
+        bandwidths=dict(
+            description=(
+                "value and gradient of log|A| + y'A^{-1}y + sum(diag A^{-1}) for a random "
+                "SPD band, by rows and by blocks of max(w, 8) rows, after compile (min of "
+                "repeats); default: the path jaxvb.linalg takes"
+            ),
+            rows=bandwidths,
+        ),
         environment=dict(
             jax=jax.__version__,
             backend=jax.default_backend(),
