@@ -17,6 +17,7 @@ statistics and how they are estimated. ``fit`` names no family and no method.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
@@ -29,7 +30,7 @@ from jaxvb import _process, _progress, _static, diagnostics, kernel
 from jaxvb._algebra import finite_rows, masked_sum, where_tree
 from jaxvb._indices import out_of_bounds_reads
 from jaxvb._laplace import _laplace, default_tol, near_mode, raise_for, working_dtype
-from jaxvb._process import jit_fast
+from jaxvb._process import jit_fast, outside_traces
 from jaxvb._result import (  # noqa: F401  (re-exported for jaxvb._fit's old users)
     ERRORS,
     KHAT_THRESHOLD,
@@ -216,6 +217,7 @@ def fit(
         )
     _check_key(key)
     laplace_failed = None
+    prefetch = None  # the fit's program compiling beside the start
     checked = False  # log_joint traced and checked at q0's shape already
     if isinstance(q0, (jax.Array, np.ndarray, list, tuple)):
         x0 = jnp.asarray(q0)
@@ -229,7 +231,20 @@ def fit(
                 "q0: the starting point has dimension 0; there is nothing to fit"
             )
         start = getattr(log_joint, "start", None)
+        fit_options = dict(
+            method=method,
+            num_steps=num_steps,
+            num_draws=num_draws,
+            antithetic=antithetic,
+            max_backtracks=max_backtracks,
+            num_eval_draws=num_eval_draws,
+            num_check_draws=num_check_draws,
+            step_size=step_size,
+            trace=trace,
+            progress=progress,
+        )
         if callable(start):  # a structured model builds its own start
+            prefetch = _prefetch(start, x0, None, key, fit_options)
             log_joint, q0, ok = start(x0)
             laplace_failed = ~ok
         else:
@@ -238,6 +253,13 @@ def fit(
             checked = True  # the Laplace Gaussian has x0's shape and dtype
             if laplace_tol is None:
                 laplace_tol = default_tol(working_dtype(x0.dtype, out))
+            prefetch = _prefetch(
+                lambda x, tol=laplace_tol: _laplace(log_joint, x, tol, max_iter=200)[0],
+                x0,
+                log_joint,
+                key,
+                fit_options,
+            )
             q0, info = _laplace(log_joint, x0, laplace_tol, max_iter=200)
             # a search stalled by log p's rounding within 0.01 sd of the mode is a
             # good enough start
@@ -291,21 +313,67 @@ def fit(
         raise ValueError(f"step_size must lie in (0, 1], got {step_size}")
     if not checked:
         _check_log_joint(log_joint, q0)
+    args, kwargs = _fit_arguments(
+        log_joint,
+        q0,
+        key,
+        method=m,
+        num_steps=num_steps,
+        num_draws=num_draws,
+        antithetic=antithetic,
+        max_backtracks=max_backtracks,
+        num_eval_draws=num_eval_draws,
+        num_check_draws=num_check_draws,
+        step_size=step_size,
+        trace=trace,
+        progress=progress,
+    )
+    if prefetch is not None:
+        prefetch.join()  # its program is the one this call would compile
+    result = _fit(*args, **kwargs)
+    if laplace_failed is not None:
+        # int32 on both sides: an eager int32 | int64 on arrays segfaults in jaxlib
+        # 0.10.2 (x64 on), e.g. for a vmapped fit from batched start points.
+        flag = jnp.where(laplace_failed, int(Status.LAPLACE_FAILED), 0).astype(jnp.int32)
+        result = result._replace(status=result.status | flag)
+    return check(result, on_failure, num_steps=num_steps, stacklevel=2)
+
+
+def _fit_arguments(
+    log_joint,
+    q0,
+    key,
+    *,
+    method,
+    num_steps,
+    num_draws,
+    antithetic,
+    max_backtracks,
+    num_eval_draws,
+    num_check_draws,
+    step_size,
+    trace,
+    progress,
+    abstract=False,
+):
+    """``(args, kwargs)`` of ``_fit``; ``abstract``: for a ``q0`` and ``log_joint`` of
+    ``jax.ShapeDtypeStruct`` leaves (from ``jax.eval_shape``), to compile ahead."""
+    m = resolve(method, q0)
+    if step_size is None:
+        step_size = 1.0 / math.sqrt(num_steps)
     if num_check_draws is None:
         # the check keeps its draws until the end: at most ~32 MB of them (a long
         # latent field, d ~ 10^6, gets 16 draws)
         num_check_draws = min(num_eval_draws, 200, max(16, _MAX_HELD // _size(q0)))
     # Half the check's draws must solve the method's statistics, with room to spare.
-    if num_check_draws < 4 * needed:
+    if num_check_draws < 4 * m.min_draws(q0):
         num_check_draws = 0
-    progress = _progress.resolve(progress, int(num_steps))
-    arrays, static = _static.partition(log_joint)
-
-    result = _fit(
-        arrays,
-        q0,
-        key,
-        jnp.asarray(step_size, q0.dtype),
+    arrays, static = _static.partition(log_joint, abstract=abstract)
+    if abstract:
+        w = jax.ShapeDtypeStruct((), q0.dtype)
+    else:
+        w = jnp.asarray(step_size, q0.dtype)
+    kwargs = dict(
         log_joint=static,
         method=m,
         num_steps=int(num_steps),
@@ -315,14 +383,47 @@ def fit(
         num_eval_draws=int(num_eval_draws),
         num_check_draws=int(num_check_draws),
         trace=bool(trace),
-        progress=progress,
+        progress=_progress.resolve(progress, int(num_steps)),
     )
-    if laplace_failed is not None:
-        # int32 on both sides: an eager int32 | int64 on arrays segfaults in jaxlib
-        # 0.10.2 (x64 on), e.g. for a vmapped fit from batched start points.
-        flag = jnp.where(laplace_failed, int(Status.LAPLACE_FAILED), 0).astype(jnp.int32)
-        result = result._replace(status=result.status | flag)
-    return check(result, on_failure, num_steps=num_steps, stacklevel=2)
+    return (arrays, q0, key, w), kwargs
+
+
+def _prefetch(start, x0, log_joint, key, options):
+    """The fit's program compiled in a thread while the start (``start(x0)``: the
+    Laplace search, a model's own start) compiles and runs: only the start's output
+    shapes decide the program, and XLA compiles without holding the GIL, so on two
+    cores the start's compile and run hide behind the fit's. ``None`` where it does
+    not apply (inside a trace, an abstract ``x0``). The thread swallows its errors: the
+    call itself then compiles (and raises) as it would have."""
+    if not outside_traces() or not is_concrete(x0) or not is_concrete(key):
+        return None
+    valid = (
+        isinstance(options["num_steps"], (int, np.integer))
+        and options["num_steps"] >= 2
+        and isinstance(options["num_eval_draws"], (int, np.integer))
+        and options["num_eval_draws"] >= 2
+    )
+    if not valid:
+        return None
+
+    def work():
+        try:
+            if log_joint is None:  # the start returns (log_joint, q0, ok)
+                model, q0, _ = jax.eval_shape(start, x0)
+                abstract = True
+            else:
+                model, q0 = log_joint, jax.eval_shape(start, x0)
+                abstract = False
+            args, kwargs = _fit_arguments(model, q0, key, **options, abstract=True)
+            if not abstract:
+                args = (_static.partition(model)[0],) + args[1:]
+            _fit.lower(*args, **kwargs).compile()
+        except Exception:  # noqa: BLE001 (the call compiles, and reports, itself)
+            pass
+
+    thread = threading.Thread(target=work, name="jaxvb-compile", daemon=True)
+    thread.start()
+    return thread
 
 
 #: Elements of draws held at once: by the check (its draws, to the end of the fit) and

@@ -55,11 +55,17 @@ class Static:
 _ARRAY = object()  # where a traced leaf goes
 
 
-def partition(log_joint: Callable) -> tuple[list[Any], Static]:
-    """``(arrays, static)``: the array leaves of ``log_joint`` and the rest of it."""
+def partition(log_joint: Callable, abstract: bool = False) -> tuple[list[Any], Static]:
+    """``(arrays, static)``: the array leaves of ``log_joint`` and the rest of it
+    (``abstract``: ``jax.ShapeDtypeStruct`` leaves, as ``jax.eval_shape`` returns a
+    log joint, count as arrays)."""
     leaves, treedef = jax.tree_util.tree_flatten(log_joint)
-    arrays = [leaf for leaf in leaves if _is_array(leaf)]
-    rest = tuple(_ARRAY if _is_array(leaf) else leaf for leaf in leaves)
+
+    def is_array(leaf):
+        return _is_array(leaf) or (abstract and isinstance(leaf, jax.ShapeDtypeStruct))
+
+    arrays = [leaf for leaf in leaves if is_array(leaf)]
+    rest = tuple(_ARRAY if is_array(leaf) else leaf for leaf in leaves)
     return arrays, Static(treedef, rest)
 
 

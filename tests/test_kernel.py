@@ -1,7 +1,9 @@
 """The engine's shape: the kernel, the method registry, the family protocol, ``check``,
 the chunked convergence check and one compiled program per log-joint structure."""
 
+import contextlib
 import dataclasses
+import logging
 import warnings
 
 import jax
@@ -227,3 +229,54 @@ def test_family_protocol_is_a_dataclass_pytree():
     assert [f.name for f in dataclasses.fields(q)] == ["weights", "means", "covs"]
     leaves, treedef = jax.tree_util.tree_flatten(q)
     assert isinstance(jax.tree_util.tree_unflatten(treedef, leaves), jaxvb.GaussianMixture)
+
+
+def _count_fit_compiles(records) -> int:
+    return sum("XLA compilation of jit(_fit)" in r.getMessage() for r in records)
+
+
+@contextlib.contextmanager
+def _log_compiles():
+    """Compiles logged in every thread (``jax.log_compiles`` is the calling
+    thread's only)."""
+    before = jax.config.jax_log_compiles
+    jax.config.update("jax_log_compiles", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_log_compiles", before)
+
+
+def test_a_point_start_compiles_the_fit_beside_the_start_once(caplog, monkeypatch):
+    """From a point, the fit's program compiles in a thread while the Laplace start
+    runs (``_fit._prefetch``): once (the call finds it compiled), and the same bits
+    as a fit that compiles it after the start."""
+
+    def log_joint(x):  # a function of this test's own: a new program
+        return -0.5 * jnp.sum((x - 0.3) ** 2) - 0.1 * jnp.sum(x**4)
+
+    with _log_compiles(), caplog.at_level(logging.WARNING):
+        res = jaxvb.fit(log_joint, jnp.zeros(3), KEY, num_steps=30)
+    assert _count_fit_compiles(caplog.records) == 1
+    monkeypatch.setattr(_fit, "_prefetch", lambda *args: None)
+    again = jaxvb.fit(log_joint, jnp.zeros(3), KEY, num_steps=30)
+    leaves = zip(
+        jax.tree_util.tree_leaves(res), jax.tree_util.tree_leaves(again), strict=True
+    )
+    for a, b in leaves:
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_latent_model_start_compiles_the_fit_beside_it_once(caplog):
+    """The same for a model's own start (``LatentGaussian.start``): its output's
+    shapes, from ``jax.eval_shape``, give the program."""
+    model = jaxvb.LatentGaussian(
+        log_prior=lambda th: -0.5 * jnp.sum(th**2),
+        prior=lambda th: (jnp.zeros(3), jnp.exp(th[0]) * jnp.eye(3)),
+        log_lik=lambda f, y: y * f - jnp.exp(f),
+        data=jnp.array([0.0, 2.0, 5.0]),
+    )
+    with _log_compiles(), caplog.at_level(logging.WARNING):
+        res = jaxvb.fit(model, jnp.zeros(1), KEY, num_steps=40)
+    assert res.ok
+    assert _count_fit_compiles(caplog.records) == 1
