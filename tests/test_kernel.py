@@ -267,6 +267,7 @@ def test_a_point_start_compiles_the_fit_beside_the_start_once(caplog, monkeypatc
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_a_latent_model_start_compiles_the_fit_beside_it_once(caplog):
     """The same for a model's own start (``LatentGaussian.start``): its output's
     shapes, from ``jax.eval_shape``, give the program."""

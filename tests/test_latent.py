@@ -424,7 +424,8 @@ def test_a_prior_precision_that_is_not_positive_definite_is_flagged():
         return th[0] * jnp.ones(T), q_pd - 3.0 * jnp.eye(T) * (th[0] > 0.5)
 
     model = jaxvb.LatentGaussian(good.log_prior, prior, good.log_lik, Y)
-    res = jaxvb.fit(model, jnp.ones(1), KEY, num_steps=20, on_failure="ignore")
+    with pytest.warns(RuntimeWarning, match="no Cholesky factor"):
+        res = jaxvb.fit(model, jnp.ones(1), KEY, num_steps=20, on_failure="ignore")
     assert not bool(res.ok)
 
 
@@ -687,6 +688,7 @@ def test_linear_predictor_and_num_sites():
     np.testing.assert_array_equal(plain.linear_predictor(f[:, :T]), f[:, :T])
 
 
+@pytest.mark.slow
 def test_importance_resample_is_exact_where_q_is_the_posterior():
     """The conjugate model: ``q`` is the posterior, so every ratio ``p(y, theta, f) /
     q(theta, f)`` is ``p(y)``: the evidence exact, equal weights (ess = num_theta), and
@@ -711,6 +713,7 @@ def test_importance_resample_is_exact_where_q_is_the_posterior():
         res.q.importance_resample(jax.random.key(1), 10, widen=0.5)
 
 
+@pytest.mark.slow
 def test_importance_resample_warns_where_q_theta_misses_the_posterior():
     """``q(theta)`` 3 sd off and a third as wide: the weights' tail is heavy (k-hat >
     0.7), and the corrected draws say so."""

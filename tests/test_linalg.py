@@ -143,7 +143,8 @@ def banded_everything(ab, rhs):
 
 @pytest.mark.parametrize(
     ("t", "w"),
-    [(t, w) for t in SIZES for w in BANDWIDTHS] + [(50, 9), (23, 11), (7, 9)],
+    [(t, w) for t in SIZES for w in BANDWIDTHS]
+    + [pytest.param(*c, marks=pytest.mark.slow) for c in ((50, 9), (23, 11), (7, 9))],
 )
 def test_banded_against_dense(t, w):
     """Every size and bandwidth, and blocks of exactly ``w`` rows (``w = 9, 11``; 50 and
