@@ -388,6 +388,26 @@ def _fit_arguments(
     return (arrays, q0, key, w), kwargs
 
 
+def _would_run(q0, options) -> bool:
+    """Whether ``fit``'s checks after the start pass for a ``q0`` of these shapes (a
+    thread compiling for a call that then raises would outlive it)."""
+    if not isinstance(q0, Family) or math.prod(q0.event_shape) == 0:
+        return False
+    if jnp.dtype(q0.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
+        return False
+    num_steps, num_draws = options["num_steps"], options["num_draws"]
+    if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
+        return False
+    if not isinstance(options["max_backtracks"], (int, np.integer)):
+        return False
+    per_step = num_draws * (2 if options["antithetic"] else 1)
+    m = resolve(options["method"], q0)
+    if (num_steps - num_steps // 2) * per_step < m.min_draws(q0):
+        return False
+    step_size = options["step_size"]
+    return step_size is None or not is_concrete(step_size) or 0.0 < float(step_size) <= 1.0
+
+
 def _prefetch(start, x0, log_joint, key, options):
     """The fit's program compiled in a thread while the start (``start(x0)``: the
     Laplace search, a model's own start) compiles and runs: only the start's output
@@ -414,6 +434,8 @@ def _prefetch(start, x0, log_joint, key, options):
             else:
                 model, q0 = log_joint, jax.eval_shape(start, x0)
                 abstract = False
+            if not _would_run(q0, options):
+                return  # the call raises before it compiles: nothing to compile for
             args, kwargs = _fit_arguments(model, q0, key, **options, abstract=True)
             if not abstract:
                 args = (_static.partition(model)[0],) + args[1:]

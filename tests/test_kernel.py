@@ -4,6 +4,7 @@ the chunked convergence check and one compiled program per log-joint structure."
 import contextlib
 import dataclasses
 import logging
+import threading
 import warnings
 
 import jax
@@ -238,7 +239,11 @@ def _count_fit_compiles(records) -> int:
 @contextlib.contextmanager
 def _log_compiles():
     """Compiles logged in every thread (``jax.log_compiles`` is the calling
-    thread's only)."""
+    thread's only), after any compile an earlier test's fit left running (one that
+    raised after its start) has ended."""
+    for thread in threading.enumerate():
+        if thread.name == "jaxvb-compile":
+            thread.join()
     before = jax.config.jax_log_compiles
     jax.config.update("jax_log_compiles", True)
     try:
