@@ -410,11 +410,14 @@ def _would_run(q0, options) -> bool:
 
 def _prefetch(start, x0, log_joint, key, options):
     """The fit's program compiled in a thread while the start (``start(x0)``: the
-    Laplace search, a model's own start) compiles and runs: only the start's output
-    shapes decide the program, and XLA compiles without holding the GIL, so on two
-    cores the start's compile and run hide behind the fit's. ``None`` where it does
-    not apply (inside a trace, an abstract ``x0``). The thread swallows its errors: the
-    call itself then compiles (and raises) as it would have."""
+    Laplace search, a model's own start) compiles and runs. Only the start's output
+    shapes decide the program: they come from ``jax.eval_shape`` and the program is
+    traced and lowered here, in the calling thread (a model's code, NumPyro's handler
+    stack among it, is never traced in two threads at once); the thread runs XLA's
+    compile alone, which does not hold the GIL, so on two cores the start's compile
+    and run hide behind it. ``None`` where it does not apply (inside a trace, an
+    abstract ``x0``, a call whose checks will raise); any error here leaves the call
+    to compile, and report, as it would have."""
     if not outside_traces() or not is_concrete(x0) or not is_concrete(key):
         return None
     valid = (
@@ -425,22 +428,24 @@ def _prefetch(start, x0, log_joint, key, options):
     )
     if not valid:
         return None
+    try:
+        if log_joint is None:  # the start returns (log_joint, q0, ok)
+            model, q0, _ = jax.eval_shape(start, x0)
+        else:
+            model, q0 = log_joint, jax.eval_shape(start, x0)
+        if not _would_run(q0, options):
+            return None  # the call raises before it compiles
+        args, kwargs = _fit_arguments(model, q0, key, **options, abstract=True)
+        if log_joint is not None:
+            args = (_static.partition(model)[0],) + args[1:]
+        lowered = _fit.lower(*args, **kwargs)
+    except Exception:  # noqa: BLE001 (the call compiles, and reports, itself)
+        return None
 
     def work():
         try:
-            if log_joint is None:  # the start returns (log_joint, q0, ok)
-                model, q0, _ = jax.eval_shape(start, x0)
-                abstract = True
-            else:
-                model, q0 = log_joint, jax.eval_shape(start, x0)
-                abstract = False
-            if not _would_run(q0, options):
-                return  # the call raises before it compiles: nothing to compile for
-            args, kwargs = _fit_arguments(model, q0, key, **options, abstract=True)
-            if not abstract:
-                args = (_static.partition(model)[0],) + args[1:]
-            _fit.lower(*args, **kwargs).compile()
-        except Exception:  # noqa: BLE001 (the call compiles, and reports, itself)
+            lowered.compile()
+        except Exception:  # noqa: BLE001
             pass
 
     thread = threading.Thread(target=work, name="jaxvb-compile", daemon=True)
