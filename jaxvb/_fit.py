@@ -218,6 +218,18 @@ def fit(
     _check_key(key)
     laplace_failed = None
     prefetch = None  # the fit's program compiling beside the start
+    fit_options = dict(
+        method=method,
+        num_steps=num_steps,
+        num_draws=num_draws,
+        antithetic=antithetic,
+        max_backtracks=max_backtracks,
+        num_eval_draws=num_eval_draws,
+        num_check_draws=num_check_draws,
+        step_size=step_size,
+        trace=trace,
+        progress=progress,
+    )
     checked = False  # log_joint traced and checked at q0's shape already
     if isinstance(q0, (jax.Array, np.ndarray, list, tuple)):
         x0 = jnp.asarray(q0)
@@ -231,18 +243,6 @@ def fit(
                 "q0: the starting point has dimension 0; there is nothing to fit"
             )
         start = getattr(log_joint, "start", None)
-        fit_options = dict(
-            method=method,
-            num_steps=num_steps,
-            num_draws=num_draws,
-            antithetic=antithetic,
-            max_backtracks=max_backtracks,
-            num_eval_draws=num_eval_draws,
-            num_check_draws=num_check_draws,
-            step_size=step_size,
-            trace=trace,
-            progress=progress,
-        )
         if callable(start):  # a structured model builds its own start
             prefetch = _prefetch(start, x0, None, key, fit_options)
             log_joint, q0, ok = start(x0)
@@ -314,19 +314,7 @@ def fit(
     if not checked:
         _check_log_joint(log_joint, q0)
     args, kwargs = _fit_arguments(
-        log_joint,
-        q0,
-        key,
-        method=m,
-        num_steps=num_steps,
-        num_draws=num_draws,
-        antithetic=antithetic,
-        max_backtracks=max_backtracks,
-        num_eval_draws=num_eval_draws,
-        num_check_draws=num_check_draws,
-        step_size=step_size,
-        trace=trace,
-        progress=progress,
+        log_joint, q0, key, **dict(fit_options, method=m, step_size=step_size)
     )
     if prefetch is not None:
         prefetch.join()  # its program is the one this call would compile
