@@ -764,7 +764,7 @@ class LatentGaussianApproximation(Family):
             sites fit ``p(f | theta, y)`` worse and the inner ratios get noisier: on
             the LGCP ``widen=1.5`` raised k-hat from 0.5-0.7 to 0.85-0.9.
           warn: a ``RuntimeWarning`` where ``khat > 0.7`` (the weights' tail is too
-            heavy for the correction to be trusted).
+            heavy for the correction to be trusted) or NaN (too few finite weights).
 
         Returns:
           :class:`LatentImportance`: ``theta (n, k)``, ``f (n, N)``, ``khat``, ``ess``
@@ -789,10 +789,11 @@ class LatentGaussianApproximation(Family):
             int(num_f),
             jnp.asarray(widen, self.dtype),
         )
-        if warn and is_concrete(out.khat) and float(out.khat) > 0.7:
+        if warn and is_concrete(out.khat) and not float(out.khat) <= 0.7:
             warnings.warn(
                 f"importance_resample: the Pareto k-hat of the hyperparameters' weights "
-                f"is {float(out.khat):.2f} (above 0.7): q(theta) misses posterior mass "
+                f"is {float(out.khat):.2f} (above 0.7, or NaN: too few finite weights): "
+                "q(theta) misses posterior mass "
                 "the weights cannot restore, so the corrected draws are unreliable. More "
                 "num_f, a longer fit, or a reparameterisation of theta may help.",
                 RuntimeWarning,
