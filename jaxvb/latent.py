@@ -764,7 +764,8 @@ class LatentGaussianApproximation(Family):
             sites fit ``p(f | theta, y)`` worse and the inner ratios get noisier: on
             the LGCP ``widen=1.5`` raised k-hat from 0.5-0.7 to 0.85-0.9.
           warn: a ``RuntimeWarning`` where ``khat > 0.7`` (the weights' tail is too
-            heavy for the correction to be trusted) or NaN (too few finite weights).
+            heavy for the correction to be trusted), or where it is NaN with an ESS
+            under 25 (too few finite weights).
 
         Returns:
           :class:`LatentImportance`: ``theta (n, k)``, ``f (n, N)``, ``khat``, ``ess``
@@ -789,10 +790,15 @@ class LatentGaussianApproximation(Family):
             int(num_f),
             jnp.asarray(widen, self.dtype),
         )
-        if warn and is_concrete(out.khat) and not float(out.khat) <= 0.7:
+        # a NaN k-hat is either equal weights (no tail to fit: q is exact) or too few
+        # finite ones; the ESS tells which
+        if warn and is_concrete(out.khat):
+            khat, ess = float(out.khat), float(out.ess)
+            warn = khat > 0.7 or (math.isnan(khat) and not ess >= 25.0)
+        if warn and is_concrete(out.khat):
             warnings.warn(
                 f"importance_resample: the Pareto k-hat of the hyperparameters' weights "
-                f"is {float(out.khat):.2f} (above 0.7, or NaN: too few finite weights): "
+                f"is {khat:.2f} (above 0.7, or NaN with an ESS of {ess:.0f}): "
                 "q(theta) misses posterior mass "
                 "the weights cannot restore, so the corrected draws are unreliable. More "
                 "num_f, a longer fit, or a reparameterisation of theta may help.",
