@@ -238,6 +238,14 @@ def _simulate_sv(key, num_series: int, T: int, phi=0.95, s2=0.05, beta=0.65):
     return jax.random.normal(k3, (num_series, T)) * beta * jnp.exp(v / 2)
 
 
+def _tridiagonal() -> str:
+    """How ``jaxvb.linalg`` runs bandwidth-1 algebra here: a scan over rows or the
+    log-depth prefix compositions (``JAXVB_TRIDIAGONAL``; by backend when "auto")."""
+    from jaxvb.linalg import banded
+
+    return "parallel" if banded._parallel_tridiagonal() else "sequential"
+
+
 def sv_section(spec: dict, deadline: float) -> None:
     from jaxvb.models import stochastic_volatility as sv
 
@@ -252,7 +260,7 @@ def sv_section(spec: dict, deadline: float) -> None:
     for T in spec["single_T"]:
         # Latency-bound: time grows ~linearly in T; skip what would not fit.
         if previous is not None:
-            predicted = 2.5 * previous[1] * T / previous[0] * (1 + spec["repeats"])
+            predicted = 1.5 * previous[1] * T / previous[0] * (1 + spec["repeats"])
             if time.time() + predicted > deadline:
                 _emit(
                     "ROW",
@@ -263,7 +271,7 @@ def sv_section(spec: dict, deadline: float) -> None:
                     ),
                 )
                 continue
-        row = dict(kind="single", T=T, num_series=1, **options)
+        row = dict(kind="single", T=T, num_series=1, tridiagonal=_tridiagonal(), **options)
         try:
             y = _simulate_sv(jax.random.key(T), 1, T)[0]
             fit = jax.jit(one_fit)
@@ -275,6 +283,7 @@ def sv_section(spec: dict, deadline: float) -> None:
                 first_call_s=first,
                 run=run,
                 status=int(res.status),
+                elbo=float(res.elbo),
                 device_memory=_device_memory(),
             )
             previous = (T, run["median_s"])
@@ -286,7 +295,13 @@ def sv_section(spec: dict, deadline: float) -> None:
         if time.time() > deadline:
             _emit("ROW", dict(kind="batch", num_series=num_series, error="no time left"))
             continue
-        row = dict(kind="batch", T=SV_BATCH_T, num_series=num_series, **options)
+        row = dict(
+            kind="batch",
+            T=SV_BATCH_T,
+            num_series=num_series,
+            tridiagonal=_tridiagonal(),
+            **options,
+        )
         try:
             ys = _simulate_sv(jax.random.key(7), num_series, SV_BATCH_T)
             fit = jax.jit(jax.vmap(one_fit))
@@ -381,6 +396,11 @@ def main(argv=None):
     parser.add_argument("--budget", type=float, default=420.0, help="seconds, all sections")
     parser.add_argument("--sections", default=",".join(SECTIONS), help="which to run")
     parser.add_argument("--commit", default=None, help="the commit (no git on the device)")
+    parser.add_argument(
+        "--override",
+        default=None,
+        help='JSON replacing settings per section, e.g. \'{"probit": {"sizes": [500]}}\'',
+    )
     parser.add_argument("--section", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -394,6 +414,9 @@ def main(argv=None):
         return None
 
     settings = QUICK if args.quick else CPU if args.cpu else FULL
+    if args.override:
+        override = json.loads(args.override)
+        settings = {k: dict(v, **override.get(k, {})) for k, v in settings.items()}
     out = Path(
         args.out or (tempfile.mkdtemp(prefix="gpu_") if args.quick else HERE / "results")
     )
@@ -407,6 +430,7 @@ def main(argv=None):
         device=label,
         backend=jax.default_backend(),
         settings_name="quick" if args.quick else "cpu" if args.cpu else "full",
+        override=json.loads(args.override) if args.override else None,
         budget_s=args.budget,
         environment=env,
         sections={},

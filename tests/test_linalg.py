@@ -443,6 +443,133 @@ def test_gradients_against_finite_differences():
     )
 
 
+# --- w = 1 by prefix compositions (what accelerators run) ---------------------------------
+
+
+@pytest.fixture
+def parallel_tridiagonal(monkeypatch):
+    """``w = 1`` through the log-depth prefix compositions, as on a GPU (the default
+    on CPU is the scan over rows; the choice is read when a function is traced)."""
+    monkeypatch.setenv("JAXVB_TRIDIAGONAL", "parallel")
+
+
+@pytest.mark.parametrize("t", (1, 2, 3, 5, 50, 1000))
+def test_parallel_tridiagonal_against_dense_and_the_row_scan(t, parallel_tridiagonal):
+    """Factor, solves, selected inverse, sampling and gradients by prefix compositions
+    equal the dense results (and the row scan's, to rounding); ``T = 3, 5, 1000`` are not
+    powers of two (the last round is partial)."""
+    rng = np.random.default_rng(200 + t)
+    a = random_banded(rng, t, 1)
+    rhs = rng.normal(size=(t, 3))
+    ab = np_band(a, 1)
+
+    def everything(ab, rhs):
+        out = banded_everything.__wrapped__(ab, rhs)
+        chol = out["chol"]
+        out["draws"] = la.sample_banded(jax.random.key(0), chol, None, (4,))
+        out["grad"] = jax.grad(
+            lambda ab: (
+                la.logdet_banded(la.cholesky_banded(ab))
+                + jnp.sum(la.solve_banded(la.cholesky_banded(ab), rhs) ** 2)
+            )
+        )(ab)
+        return out
+
+    out = jax.jit(everything)(ab, rhs)
+    close(out["chol"], sla.cholesky_banded(ab, lower=True))
+    assert bool(out["is_pd"])
+    assert abs(out["logdet"] - np.linalg.slogdet(a)[1]) < RTOL * t
+    close(out["solve"], np.linalg.solve(a, rhs))
+    close(np_dense(out["selinv"]), np.where(band_mask(t, 1), np.linalg.inv(a), 0.0))
+    assert np.asarray(out["chol"])[1, -1] == 0 and np.asarray(out["selinv"])[1, -1] == 0
+    sigma = np.linalg.inv(a)
+    x = sigma @ rhs
+    # d/dA of log|A| + |A^{-1} R|^2: A^{-1} - 2 sym(A^{-1} X X'), X = A^{-1} R.
+    xx = sigma @ x @ x.T
+    close(out["grad"], symmetric_grad(sigma - xx - xx.T, 1))
+    # The draws are L'^{-1} z with the row scan's z: the same numbers to rounding.
+    os_env = pytest.MonkeyPatch()
+    os_env.setenv("JAXVB_TRIDIAGONAL", "sequential")
+    try:
+        rows = jax.jit(everything)(ab, rhs)
+    finally:
+        os_env.undo()
+    close(out["draws"], rows["draws"], rtol=1e-12)
+    close(out["grad"], rows["grad"], rtol=1e-12)
+
+
+def test_parallel_tridiagonal_is_accurate_on_long_ill_conditioned_chains(
+    parallel_tridiagonal,
+):
+    """``T = 10^5``: a random-walk precision with small diagonal terms (condition number
+    ~1e6) and an AR(1) one near the unit root, against the row scan (float64 and
+    float32). The composed pivots are ratios of rescaled 2 x 2 products: no overflow,
+    and errors grow like ``log T``, not ``T``."""
+    t = 100_000
+    rng = np.random.default_rng(13)
+    rw = np.stack([np.full(t, 2.0 + 1e-6), -np.ones(t)])
+    rw[0, [0, -1]] = 1.0 + 1e-6
+    phi = 0.995
+    ar = np.stack([np.full(t, 1.0 + phi**2 + 0.05), np.full(t, -phi)])
+    ar[0, [0, -1]] = 1.05
+    rhs = rng.normal(size=t)
+
+    def run(ab, rhs):
+        chol = la.cholesky_banded(ab)
+        return chol, la.solve_banded(chol, rhs), la.selected_inverse_banded(chol)
+
+    for ab, tol64, tol32 in ((rw, 1e-6, None), (ar, 1e-11, 1e-4)):
+        ab[1, -1] = 0.0
+        par = jax.jit(run)(ab, rhs)
+        par32 = jax.jit(run)(ab.astype(np.float32), rhs.astype(np.float32))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("JAXVB_TRIDIAGONAL", "sequential")
+            rows = jax.jit(run)(ab, rhs)
+        for p, r, p32 in zip(par, rows, par32, strict=True):
+            close(p, r, rtol=tol64)
+            assert p32.dtype == np.float32
+            if tol32 is not None:
+                close(p32, r, rtol=tol32)
+
+
+def test_parallel_tridiagonal_not_positive_definite_gives_nan_from_the_bad_pivot_on(
+    parallel_tridiagonal,
+):
+    """As the row scan: NaN at the first pivot <= 0 and after it (the prefix products
+    themselves would recover), so ``is_pd_banded``, the log-determinant, the solve and
+    the selected inverse all say so; a zero pivot too."""
+    t = 6
+    bad = np.zeros((2, t))
+    bad[0], bad[1, : t - 1] = 1.0, 0.6  # pivot 4 is negative
+    zero_pivot = np.array([[1.0, 1.0], [1.0, 0.0]])
+
+    @jax.jit
+    def run(bad, zero_pivot):
+        chol = la.cholesky_banded(bad)
+        return dict(
+            chol=chol,
+            is_pd=la.is_pd_banded(chol),
+            logdet=la.logdet_banded(chol),
+            selinv=la.selected_inverse_banded(chol),
+            solve=la.solve_banded(chol, jnp.ones(t)),
+            zero_pivot=la.is_pd_banded(la.cholesky_banded(zero_pivot)),
+        )
+
+    out = run(bad, zero_pivot)
+    chol = np.asarray(out["chol"])
+    assert np.all(np.isfinite(chol[0, :4])) and np.all(np.isnan(chol[0, 4:]))
+    assert not bool(out["is_pd"]) and not bool(out["zero_pivot"])
+    assert np.isnan(out["logdet"])
+    assert np.isnan(out["selinv"][0, -1])
+    assert np.any(np.isnan(out["solve"]))
+
+
+def test_tridiagonal_mode_must_be_known(monkeypatch):
+    monkeypatch.setenv("JAXVB_TRIDIAGONAL", "fast")
+    with pytest.raises(ValueError, match="JAXVB_TRIDIAGONAL must be one of"):
+        la.cholesky_banded(np.array([[2.0, 2.0], [1.0, 0.0]]))
+
+
 # --- vmap, dtypes, not positive definite, bad input ----------------------------------
 
 

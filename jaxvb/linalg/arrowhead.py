@@ -36,6 +36,7 @@ from jaxvb.linalg.banded import (
     _as_float,
     _backward,
     _forward,
+    _parallel_tridiagonal,
     _rhs,
     _shift,
     _unshift,
@@ -464,7 +465,7 @@ def cholesky_forward_arrowhead(
     h = jnp.asarray(h, band.dtype)
     if h.shape != (t + k,):
         raise ValueError(f"h must have shape ({t + k},) to match p, got {h.shape}.")
-    if band.shape[0] != 2:
+    if band.shape[0] != 2 or _parallel_tridiagonal():  # no fused row scans there
         factor = cholesky_arrowhead(p)
         return factor, solve_triangular_arrowhead(factor, h)
     c, l, w, y1 = _forward_tridiagonal(band, border, h[:t])
@@ -561,7 +562,7 @@ def gaussian_arrowhead(
     band, border, corner = _as_arrowhead(p, Arrowhead)
     t, k = _check(band, border, corner)
     h = jnp.asarray(shift, band.dtype)
-    if band.shape[0] != 2:
+    if band.shape[0] != 2 or _parallel_tridiagonal():  # no fused row scans there
         factor = cholesky_arrowhead(p)
         return factor, solve_arrowhead(factor, h), selected_inverse_arrowhead(factor)
     c, l, w, y1 = _forward_tridiagonal(band, border, h[:t])

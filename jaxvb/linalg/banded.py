@@ -35,6 +35,7 @@ boolean for callers to flag.
 from __future__ import annotations
 
 import functools
+import os
 from typing import NamedTuple
 
 import jax
@@ -230,6 +231,112 @@ def _selected_inverse_tridiagonal(chol: Array) -> Array:
         step, jnp.zeros((), chol.dtype), (chol[0], chol[1]), reverse=True
     )
     return _zero_padding(jnp.stack([var, cov]))
+
+
+# On an accelerator a scan over rows is a chain of T small kernels whatever their work:
+# an SV fit of T = 945 took 4.1 s on an H200 against 0.03 s on 2 CPU cores
+# (benchmarks/results/gpu.json). There, w = 1 goes through associative scans instead:
+# log2(T) levels of O(T) elementwise work, the same arithmetic in another order. The
+# pivots d_i = a_i - b_{i-1}^2 / d_{i-1} are a continued fraction, the ratio of a
+# product of 2 x 2 matrices (rescaled as they are multiplied: the ratio does not see
+# the scale); the solves and the selected inverse are affine recurrences. "auto" picks
+# it where the default backend is not the CPU; JAXVB_TRIDIAGONAL=parallel|sequential
+# forces one (read when a function is traced).
+
+_TRIDIAGONAL_MODES = ("auto", "parallel", "sequential")
+
+
+def _parallel_tridiagonal() -> bool:
+    mode = os.environ.get("JAXVB_TRIDIAGONAL", "auto")
+    if mode not in _TRIDIAGONAL_MODES:
+        raise ValueError(
+            f"JAXVB_TRIDIAGONAL must be one of {_TRIDIAGONAL_MODES}, got {mode!r}"
+        )
+    return mode == "parallel" or (mode == "auto" and jax.default_backend() != "cpu")
+
+
+def _affine(earlier, later):
+    """``x -> a x + b`` maps composed, ``later`` after ``earlier`` (associative)."""
+    a1, b1 = earlier
+    a2, b2 = later
+    return a2 * a1, a2 * b1 + b2
+
+
+def _moebius(earlier, later):
+    """2 x 2 matrices (four ``(T,)`` arrays) multiplied ``later @ earlier`` and rescaled
+    to a largest entry of 1 (a continued fraction is the ratio of two entries)."""
+    p = (
+        later[0] * earlier[0] + later[1] * earlier[2],
+        later[0] * earlier[1] + later[1] * earlier[3],
+        later[2] * earlier[0] + later[3] * earlier[2],
+        later[2] * earlier[1] + later[3] * earlier[3],
+    )
+    scale = lax.stop_gradient(functools.reduce(jnp.maximum, [jnp.abs(e) for e in p]))
+    scale = jnp.where(scale > 0, scale, 1.0)
+    return tuple(e / scale for e in p)
+
+
+def _prefix(combine, identity, elems, *, reverse: bool = False):
+    """Inclusive prefix compositions of ``elems`` (a tuple of ``(T, ...)`` arrays) along
+    the first axis: Hillis-Steele, ``ceil(log2 T)`` rounds of ``x_j <- combine(x_{j-s},
+    x_j)``, ``s = 1, 2, 4, ...``, each round the whole array at once.
+
+    ``O(T log T)`` work in ``log T`` steps of one loop: one small program to compile
+    (``lax.associative_scan`` unrolls its levels: 6-13 s to compile a factor, solve and
+    selected inverse with their gradients on XLA:CPU, against well under a second).
+    ``identity``: the neutral element, a tuple of scalars.
+    """
+    if reverse:
+        flipped = _prefix(combine, identity, tuple(e[::-1] for e in elems))
+        return tuple(e[::-1] for e in flipped)
+    t = elems[0].shape[0]
+    rounds = max(1, (t - 1).bit_length())
+    index = jnp.arange(t)
+
+    def one_round(i, x):
+        s = 2**i
+        keep = index >= s  # x_{j-s} exists; else the neutral element
+
+        def before(e, neutral):
+            mask = keep.reshape((t,) + (1,) * (e.ndim - 1))
+            return jnp.where(mask, jnp.roll(e, s, axis=0), jnp.asarray(neutral, e.dtype))
+
+        return combine(tuple(map(before, x, identity)), x)
+
+    return lax.fori_loop(0, rounds, one_round, tuple(elems))
+
+
+def _cholesky_tridiagonal_parallel(ab: Array) -> Array:
+    """The pivots ``d_i = a_i - b_{i-1}^2 / d_{i-1}`` as ``P_i[0, 0] / P_i[1, 0]``, ``P_i =
+    M_i ... M_0``, ``M_i = [[a_i, -b_{i-1}^2], [1, 0]]``; NaN from a pivot <= 0 on."""
+    sub = _zero_padding(ab)[1]
+    b2 = _shift(sub * sub, 1)
+    one = jnp.ones_like(b2)
+    p00, _, p10, _ = _prefix(_moebius, (1.0, 0.0, 0.0, 1.0), (ab[0], -b2, one, 0.0 * one))
+    d = p00 / p10
+    bad = jnp.cumsum(~(d > 0)) > 0  # a scan over rows would carry the NaN on
+    c = jnp.where(bad, jnp.nan, jnp.sqrt(jnp.where(bad, 1.0, d)))
+    return jnp.stack([c, sub / c])
+
+
+def _forward_bidiagonal_parallel(chol: Array, b: Array) -> Array:
+    c = chol[0][:, None]
+    a = -_shift(chol[1], 1)[:, None] / c
+    return _prefix(_affine, (1.0, 0.0), (a, b / c))[1]
+
+
+def _backward_bidiagonal_parallel(chol: Array, y: Array) -> Array:
+    c = chol[0][:, None]
+    a = -_zero_padding(chol)[1][:, None] / c
+    return _prefix(_affine, (1.0, 0.0), (a, y / c), reverse=True)[1]
+
+
+def _selected_inverse_tridiagonal_parallel(chol: Array) -> Array:
+    chol = _zero_padding(chol)
+    c, l = chol
+    r = l / c
+    var = _prefix(_affine, (1.0, 0.0), (r * r, 1.0 / (c * c)), reverse=True)[1]
+    return _zero_padding(jnp.stack([var, -r * _unshift(var, 1)]))
 
 
 # Wider bands go through blocks: the matrix as block tridiagonal with dense b x b blocks
@@ -462,6 +569,8 @@ def cholesky_banded(ab: ArrayLike) -> Array:
     if w == 0:
         return jnp.sqrt(ab)
     if w == 1:
+        if _parallel_tridiagonal():
+            return _cholesky_tridiagonal_parallel(ab)
         return _cholesky_tridiagonal(ab)
     if _blocked(w):
         return _cholesky_blocks(ab)
@@ -524,6 +633,8 @@ def _forward(chol: Array, b: Array) -> Array:
     if w == 0:
         return b / chol[0][:, None]
     if w == 1:
+        if _parallel_tridiagonal():
+            return _forward_bidiagonal_parallel(chol, b)
         return _forward_bidiagonal(chol, b)
     if _blocked(w):
         return _forward_blocks(chol, b)
@@ -545,6 +656,8 @@ def _backward(chol: Array, y: Array) -> Array:
     if w == 0:
         return y / chol[0][:, None]
     if w == 1:
+        if _parallel_tridiagonal():
+            return _backward_bidiagonal_parallel(chol, y)
         return _backward_bidiagonal(chol, y)
     if _blocked(w):
         return _backward_blocks(chol, y)
@@ -662,6 +775,8 @@ def selected_inverse_banded(chol: ArrayLike) -> Array:
     if w == 0:
         return 1.0 / chol**2
     if w == 1:
+        if _parallel_tridiagonal():
+            return _selected_inverse_tridiagonal_parallel(chol)
         return _selected_inverse_tridiagonal(chol)
     if _blocked(w):
         return _selected_inverse_blocks(chol)
