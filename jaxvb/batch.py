@@ -28,6 +28,7 @@ def fit_batched(
     fit_one: Callable[..., T],
     *batched_args: Any,
     devices: Sequence[jax.Device] | None = None,
+    batch_size: int | None = None,
 ) -> T:
     """``jax.vmap(fit_one)(*batched_args)``, sharded over devices along the batch axis.
 
@@ -54,6 +55,12 @@ def fit_batched(
       devices: the devices to split the batch over; default ``jax.devices()``, every
         device of the default backend (after ``jax.distributed.initialize()``, those
         of every process).
+      batch_size: at most this many fits at once on each device (``jax.lax.map`` with
+        ``batch_size``: vmapped groups one after another), which bounds memory; default
+        all of a device's block at once. Memory grows with the fits run at once: the
+        paper's probit fit with the default diagnostics holds ~1 MB per fit (100,000
+        at once peaked at 96.5 GB on an H200, ``benchmarks/results/gpu.json``). The
+        results are the same either way, up to rounding.
 
     Returns:
       ``fit_one``'s pytree with a leading axis of size ``B`` on every leaf.
@@ -86,6 +93,12 @@ def fit_batched(
             f"axis of size >= 1; got shapes {shapes}"
         )
     (size,) = sizes
+    if batch_size is not None and (
+        not isinstance(batch_size, int | np.integer) or batch_size < 1
+    ):
+        raise ValueError(
+            f"batch_size must be a positive integer or None, got {batch_size!r}"
+        )
     devices = jax.devices() if devices is None else list(devices)
     if not devices:
         raise ValueError("devices is empty")
@@ -96,7 +109,19 @@ def fit_batched(
     sharding = NamedSharding(
         Mesh(np.asarray(devices), (BATCH_AXIS,)), PartitionSpec(BATCH_AXIS)
     )
-    out = _sharded_vmap(fit_one, sharding, *jax.device_put(batched_args, sharding))
+    if batch_size is None or batch_size >= (size + pad) // len(devices):
+        out = _sharded_vmap(fit_one, sharding, *jax.device_put(batched_args, sharding))
+    else:  # (devices, per device): vmapped over devices, mapped in groups within
+        per = (size + pad) // len(devices)
+        blocks = jax.tree_util.tree_map(
+            lambda a: a.reshape((len(devices), per) + a.shape[1:]), batched_args
+        )
+        out = _sharded_map(
+            fit_one, sharding, int(batch_size), *jax.device_put(blocks, sharding)
+        )
+        out = jax.tree_util.tree_map(
+            lambda a: a.reshape((per * len(devices),) + a.shape[2:]), out
+        )
     if pad:
         out = jax.tree_util.tree_map(lambda a: a[:size], out)
     return out
@@ -105,6 +130,17 @@ def fit_batched(
 @partial(jax.jit, static_argnums=(0, 1))
 def _sharded_vmap(fit_one, sharding, *batched_args):
     out = jax.vmap(fit_one)(*batched_args)
+    return jax.tree_util.tree_map(
+        lambda a: jax.lax.with_sharding_constraint(a, sharding), out
+    )
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2))
+def _sharded_map(fit_one, sharding, batch_size, *blocks):
+    def one_device(*block):
+        return jax.lax.map(lambda xs: fit_one(*xs), block, batch_size=batch_size)
+
+    out = jax.vmap(one_device)(*blocks)
     return jax.tree_util.tree_map(
         lambda a: jax.lax.with_sharding_constraint(a, sharding), out
     )

@@ -13,6 +13,7 @@ import textwrap
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxvb
@@ -55,6 +56,12 @@ CHILD = textwrap.dedent(
             "max_error": max_error(res, ref),
             "status": np.asarray(res.status).tolist(),
         }
+    # At most one fit at a time per device: the same fits, still split over devices.
+    res = jaxvb.fit_batched(fit_one, centers[:6], keys[:6], batch_size=1)
+    out["mapped"] = {
+        "shape": list(res.q.mean.shape),
+        "max_error": max_error(res, jax.tree_util.tree_map(lambda a: a[:6], reference)),
+    }
     print(json.dumps(out))
     """
 )
@@ -86,6 +93,7 @@ def test_four_devices_shard_the_batch_and_match_one_device():
     for result in (even, padded):
         assert result["max_error"] < 1e-12
         assert result["status"] == [0] * len(result["status"])
+    assert out["mapped"]["shape"] == [6, 2] and out["mapped"]["max_error"] < 1e-12
 
 
 def test_batch_arguments_are_checked():
@@ -98,6 +106,32 @@ def test_batch_arguments_are_checked():
         jaxvb.fit_batched(fit_one, jnp.zeros(()))
     with pytest.raises(TypeError, match="fit_one must be a function"):
         jaxvb.fit_batched(jnp.zeros(3), jnp.zeros(3))
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+            jaxvb.fit_batched(fit_one, jnp.zeros(3), batch_size=bad)
+
+
+def test_batch_size_maps_groups_and_gives_the_same_fits():
+    """``batch_size=3`` over 7 fits (two groups of 3 and a remainder of 1, one after
+    another) equals all 7 vmapped at once, and a ``batch_size`` of the whole batch
+    is the plain vmap."""
+    q0 = jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2))
+
+    def fit_one(center, key):
+        def log_joint(x):
+            return -0.5 * jnp.sum((x - center) ** 2) - 0.1 * jnp.sum((x - center) ** 4)
+
+        return jaxvb.fit(log_joint, q0, key, num_steps=30, num_eval_draws=50)
+
+    centers = jnp.linspace(-1.0, 1.0, 14).reshape(7, 2)
+    keys = jax.random.split(jax.random.key(3), 7)
+    whole = jaxvb.fit_batched(fit_one, centers, keys)
+    for batch_size in (3, 7):
+        mapped = jaxvb.fit_batched(fit_one, centers, keys, batch_size=batch_size)
+        for a, b in zip(
+            jax.tree_util.tree_leaves(mapped), jax.tree_util.tree_leaves(whole), strict=True
+        ):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
 
 
 def test_one_device_and_typed_keys():

@@ -230,3 +230,26 @@ def test_latent_gaussian_fixed_effects_models_are_the_reference_posterior(name):
         x = jnp.concatenate([jnp.asarray(theta), jnp.asarray(f)])
         x_ref = jnp.concatenate([jnp.asarray(theta_ref[0]), jnp.asarray(f_ref[0])])
         assert float(fit_model(x)) == pytest.approx(float(reference(x_ref)), rel=1e-12)
+
+
+def test_gpu_quick(tmp_path):
+    """The accelerator script's quick mode runs on the CPU: every section in its own
+    subprocess, a row per size, the device named."""
+    out = load("gpu").main(["--quick", "--out", str(tmp_path), "--budget", "300"])
+    report = json.loads((tmp_path / "gpu.json").read_text())
+    record = report["runs"][out["device"]]
+    assert record["backend"] == "cpu" and record["environment"]["devices"]
+    sections = record["sections"]
+    assert set(sections) == {"probit", "dimension", "sv"}
+    for name, section in sections.items():
+        assert "error" not in section, (name, section["error"])
+        assert section["rows"] and all("error" not in row for row in section["rows"])
+    (probit,) = sections["probit"]["rows"]
+    assert probit["num_datasets"] == 20 and probit["flagged_fraction"] == 0.0
+    assert probit["run"]["median_s"] > 0 and 0.5 < probit["coverage_95"] <= 1.0
+    (dim,) = sections["dimension"]["rows"]
+    assert dim["d"] == 12 and dim["fit"]["iterations"]["ms_per_step"] > 0
+    single, batch = sections["sv"]["rows"]
+    assert single["tridiagonal"] == "sequential"  # the CPU keeps the row scans
+    assert single["status"] == 0 and np.isfinite(single["elbo"])
+    assert batch["num_series"] == 3 and batch["T"] == 50 and batch["run"]["median_s"] > 0
