@@ -6,7 +6,9 @@ diagonal -- plus, for a few global parameters coupled to every time step, dense 
 rows and columns: an arrowhead ``[[A, B], [B', C]]``. ``jaxvb.linalg.banded`` factors,
 solves, samples and inverts (on the band) ``A`` in ``O(T w^2)``; ``jaxvb.linalg.arrowhead``
 does the same for the whole arrowhead through the Schur complement ``C - B' A^{-1} B``.
-All in pure JAX (``lax.scan``), differentiable, ``jit``- and ``vmap``-compatible.
+All in pure JAX (``lax.scan``; for bandwidth 1 on an accelerator, log-depth prefix
+compositions instead: see ``jaxvb.linalg.banded``), differentiable, ``jit``- and
+``vmap``-compatible.
 
 Example:
   >>> import jax.numpy as jnp

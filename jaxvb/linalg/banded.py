@@ -17,7 +17,11 @@ factor ``L`` (lower triangular, ``A = L L'``, same bandwidth) is stored the same
 The factor, the solves, the selected inverse and sampling are each one ``lax.scan``:
 over the ``T`` rows carrying a ``w x w`` window for ``w < 4``, over blocks of ``b =
 max(w, 8)`` rows with dense ``b x b`` blocks for wider bands (``T / b`` steps: a scan's
-per-step cost, not its arithmetic, is what a row recurrence spends on XLA:CPU). Time is
+per-step cost, not its arithmetic, is what a row recurrence spends on XLA:CPU). On an
+accelerator, where every scan step is a kernel launch, ``w = 1`` runs as log-depth
+prefix compositions instead (``log2 T`` rounds over the whole array, ``O(T log T)``
+work; the same results to rounding): ``JAXVB_TRIDIAGONAL=parallel|sequential`` picks
+one by hand, "auto" (the default) by the backend when a function is traced. Time is
 ``O(T w^2)`` either way and memory ``O(T w)`` (``O(T w^2)`` for reverse-mode gradients);
 nothing ``T x T`` is formed (except by ``to_dense``, which is for tests). All functions
 work under ``jit``, ``vmap`` and ``grad`` and keep the input's floating dtype; ``T`` and
@@ -27,7 +31,8 @@ work under ``jit``, ``vmap`` and ``grad`` and keep the input's floating dtype; `
 A negative pivot ``A[i, i] - sum_k L[i, k]^2`` puts NaN on the diagonal of row ``i`` (of
 every row of its block, for ``w >= 4``) and, for ``w >= 1``, in every later row (each row
 is solved against the ones before it); a zero pivot gives a zero diagonal and inf or NaN
-after it (NaN from its block on, for ``w >= 4``). Either way ``logdet_banded`` is
+after it (NaN from its block on, for ``w >= 4``; NaN from it on, for ``w = 1`` by prefix
+compositions). Either way ``logdet_banded`` is
 NaN or -inf, never a plausible number, and ``is_pd_banded(chol)`` turns it into a
 boolean for callers to flag.
 """
