@@ -442,6 +442,133 @@ def first_fit(results: Path) -> list[dict]:
     return rows
 
 
+def gpu(results: Path) -> list[dict]:
+    """Each accelerator record of ``gpu.json`` against the CPU's numbers."""
+    d = _load(results, "gpu")
+    cpu = d["runs"].get("cpu", {}).get("sections", {})
+    rows = []
+    for device, run in d["runs"].items():
+        if run.get("backend") == "cpu":
+            continue
+        sections = run["sections"]
+        experiment = f"On a GPU ({device})"
+
+        def find(section, rows_of=sections, **match):
+            return next(
+                (
+                    r
+                    for r in rows_of.get(section, {}).get("rows", [])
+                    if "error" not in r and all(r.get(k) == v for k, v in match.items())
+                ),
+                None,
+            )
+
+        big = max(r["num_datasets"] for r in sections["probit"]["rows"])
+        f64 = find("probit", num_datasets=big, variant="no_diagnostics")
+        f32 = find("probit", num_datasets=big, variant="float32_no_diagnostics")
+        full = find("probit", num_datasets=big, variant="default")
+        cpu_f64 = max(
+            (
+                r
+                for r in cpu.get("probit", {}).get("rows", [])
+                if r.get("variant") == "no_diagnostics" and "error" not in r
+            ),
+            key=lambda r: r["num_datasets"],
+            default=None,
+        )
+        if f64 and f32:
+            rows.append(
+                _row(
+                    experiment,
+                    f"probit, {big:,} data sets in one call (Algorithm 2, 200 steps, "
+                    "no diagnostics): float64; float32",
+                    f"{f64['run']['median_s']:.2f} s; {f32['run']['median_s']:.2f} s",
+                    f"2-core CPU, float64: {cpu_f64['num_datasets']:,} in "
+                    f"{cpu_f64['run']['median_s']:.2f} s"
+                    if cpu_f64
+                    else "—",
+                    "—",
+                    "—",
+                    f64["commit"],
+                )
+            )
+        if full:
+            peak = (full.get("device_memory") or {}).get("peak_bytes_in_use")
+            rows.append(
+                _row(
+                    experiment,
+                    f"probit, {big:,} data sets with the default diagnostics (1000 "
+                    "draws, convergence check); 95% interval coverage of the true "
+                    "coefficients",
+                    f"{full['run']['median_s']:.1f} s"
+                    + (f" (peak {peak / 1e9:.1f} GB)" if peak else "")
+                    + f"; {100 * full['coverage_95']:.2f}%",
+                    "calibrated: 95%",
+                    "—",
+                    "—",
+                    full["commit"],
+                )
+            )
+        for d_row in sections.get("dimension", {}).get("rows", []):
+            if "error" in d_row:
+                continue
+            rows.append(
+                _row(
+                    experiment,
+                    f"dimension d = {d_row['d']}: ms per step, after compile",
+                    f"{d_row['fit']['iterations']['ms_per_step']:.1f} ms",
+                    f"the model: {d_row['model']['ms_per_eval']:.2f} ms per evaluation",
+                    "—",
+                    "—",
+                    d_row["commit"],
+                )
+            )
+        long = [
+            r
+            for r in sections["sv"]["rows"]
+            if r["kind"] == "single" and r["tridiagonal"] == "parallel" and "error" not in r
+        ]
+        if long:
+            top = max(long, key=lambda r: r["T"])
+            sv_cpu = {
+                r["T"]: r["variants"]["no_diagnostics"]["run"]["median_s"]
+                for r in _load(results, "stochastic_volatility")["scaling"]["rows"]
+                if "no_diagnostics" in r.get("variants", {})
+            }
+            rows.append(
+                _row(
+                    experiment,
+                    f"stochastic volatility, T = {top['T']:,}, 250 steps, after compile",
+                    f"{top['run']['median_s']:.2f} s",
+                    f"2-core CPU (row scans): {sv_cpu[top['T']]:.1f} s"
+                    if top["T"] in sv_cpu
+                    else "—",
+                    "—",
+                    "—",
+                    top["commit"],
+                )
+            )
+        batch = find("sv", kind="batch", tridiagonal="parallel")
+        cpu_batch = find("sv", cpu, kind="batch")
+        if batch:
+            rows.append(
+                _row(
+                    experiment,
+                    f"stochastic volatility, {batch['num_series']:,} series of "
+                    f"{batch['T']} days in one call",
+                    f"{batch['run']['median_s']:.2f} s",
+                    f"2-core CPU: {cpu_batch['num_series']} series in "
+                    f"{cpu_batch['run']['median_s']:.2f} s"
+                    if cpu_batch
+                    else "—",
+                    "—",
+                    "—",
+                    batch["commit"],
+                )
+            )
+    return rows
+
+
 SECTIONS = (
     exponential_toy,
     beta_binomial,
@@ -451,6 +578,7 @@ SECTIONS = (
     robustness,
     dimension,
     first_fit,
+    gpu,
 )
 
 
