@@ -121,7 +121,7 @@ def test_batch_size_maps_groups_and_gives_the_same_fits():
         def log_joint(x):
             return -0.5 * jnp.sum((x - center) ** 2) - 0.1 * jnp.sum((x - center) ** 4)
 
-        return jaxvb.fit(log_joint, q0, key, num_steps=30, num_eval_draws=50)
+        return jaxvb.fit(log_joint, q0, key, num_steps=30, num_eval_draws=2)
 
     centers = jnp.linspace(-1.0, 1.0, 14).reshape(7, 2)
     keys = jax.random.split(jax.random.key(3), 7)
