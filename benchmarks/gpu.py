@@ -256,11 +256,19 @@ def sv_section(spec: dict, deadline: float) -> None:
     def one_fit(y, key):
         return sv._fit(y, key, **options)
 
-    previous = None  # (T, seconds per fit) of the last single series
+    done = []  # (T, first call, seconds per fit) of the single series so far
     for T in spec["single_T"]:
-        # Latency-bound: time grows ~linearly in T; skip what would not fit.
-        if previous is not None:
-            predicted = 1.5 * previous[1] * T / previous[0] * (1 + spec["repeats"])
+        # Skip what would not fit: the compile as before, and the run extrapolated in
+        # log-log from the last two lengths (slope at least 0.5: the prefix compositions'
+        # near-flat times at small T would promise too much), from one as linear.
+        if done:
+            t1, first1, run1 = done[-1]
+            slope = 1.0
+            if len(done) > 1 and run1 > 0 and done[-2][2] > 0:
+                t0, _, run0 = done[-2]
+                slope = max(0.5, math.log(run1 / run0) / math.log(t1 / t0))
+            run = 1.5 * run1 * (T / t1) ** slope
+            predicted = (first1 - run1) + (1 + spec["repeats"]) * run
             if time.time() + predicted > deadline:
                 _emit(
                     "ROW",
@@ -286,7 +294,7 @@ def sv_section(spec: dict, deadline: float) -> None:
                 elbo=float(res.elbo),
                 device_memory=_device_memory(),
             )
-            previous = (T, run["median_s"])
+            done.append((T, first, run["median_s"]))
         except Exception as err:
             row["error"] = _error(err)
         _emit("ROW", row)
