@@ -82,21 +82,23 @@ FULL = dict(
         single_T=[945, 10_000, 100_000, 1_000_000], batch=[1000], repeats=2, share=0.35
     ),
 )
-CPU = dict(
-    probit=dict(
-        sizes=[500, 10_000],
-        variants=["no_diagnostics", "float32_no_diagnostics", "default"],
-        repeats=3,
-        share=0.3,
+
+
+def _with(settings: dict, override: dict) -> dict:
+    """``settings`` with some sections' entries replaced (``--override``, the CPU's)."""
+    return {k: dict(v, **override.get(k, {})) for k, v in settings.items()}
+
+
+#: What a 2-core CPU affords of the same runs.
+CPU = _with(
+    FULL,
+    dict(
+        probit=dict(sizes=[500, 10_000]),
+        dimension=dict(
+            groups=[1000], obs_per_group={"1000": 10}, num_steps={"1000": 20}, repeats=1
+        ),
+        sv=dict(single_T=[945, 10_000, 100_000], batch=[100]),
     ),
-    dimension=dict(
-        groups=[1000],
-        obs_per_group={"1000": 10},
-        num_steps={"1000": 20},
-        repeats=1,
-        share=0.35,
-    ),
-    sv=dict(single_T=[945, 10_000, 100_000], batch=[100], repeats=2, share=0.35),
 )
 QUICK = dict(
     probit=dict(sizes=[20], variants=["no_diagnostics"], repeats=1, share=0.3),
@@ -424,8 +426,7 @@ def main(argv=None):
 
     settings = QUICK if args.quick else CPU if args.cpu else FULL
     if args.override:
-        override = json.loads(args.override)
-        settings = {k: dict(v, **override.get(k, {})) for k, v in settings.items()}
+        settings = _with(settings, json.loads(args.override))
     out = Path(
         args.out or (tempfile.mkdtemp(prefix="gpu_") if args.quick else HERE / "results")
     )
