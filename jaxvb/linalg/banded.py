@@ -317,7 +317,9 @@ def _cholesky_tridiagonal_parallel(ab: Array) -> Array:
     sub = _zero_padding(ab)[1]
     b2 = _shift(sub * sub, 1)
     one = jnp.ones_like(b2)
-    p00, _, p10, _ = _prefix(_moebius, (1.0, 0.0, 0.0, 1.0), (ab[0], -b2, one, jnp.zeros_like(one)))
+    p00, _, p10, _ = _prefix(
+        _moebius, (1.0, 0.0, 0.0, 1.0), (ab[0], -b2, one, jnp.zeros_like(one))
+    )
     d = p00 / p10
     bad = jnp.cumsum(~(d > 0)) > 0  # a scan over rows would carry the NaN on
     c = jnp.where(bad, jnp.nan, jnp.sqrt(jnp.where(bad, 1.0, d)))
