@@ -30,7 +30,7 @@ from jaxvb import _process, _progress, _static, diagnostics, kernel
 from jaxvb._algebra import finite_rows, masked_sum, where_tree
 from jaxvb._indices import out_of_bounds_reads
 from jaxvb._laplace import _laplace, default_tol, near_mode, raise_for, working_dtype
-from jaxvb._process import jit_fast, outside_traces
+from jaxvb._process import draws_in_sequence, jit_fast, outside_traces
 from jaxvb._result import (  # noqa: F401  (re-exported for jaxvb._fit's old users)
     ERRORS,
     KHAT_THRESHOLD,
@@ -55,8 +55,10 @@ MIN_POOR_FIT_DRAWS = 50
 UNSETTLED_FACTOR = 3.0
 
 
+@_static.memo_by_signature
 def _check_log_joint(log_joint, q0):
-    """``q0`` is a family or the ShapeDtypeStruct of a starting point."""
+    """``q0`` is a family or the ShapeDtypeStruct of a starting point (a trace of
+    ``log_joint``: kept per model structure and shapes)."""
     if isinstance(q0, jax.ShapeDtypeStruct):
         x, what = q0, f"the starting point x0 of shape {q0.shape}"
     else:
@@ -416,6 +418,14 @@ def _prefetch(start, x0, log_joint, key, options):
     )
     if not valid:
         return None
+    done = _static.signature(
+        log_joint if log_joint is not None else getattr(start, "__self__", start),
+        x0,
+        key,
+        tuple(sorted(options.items())),
+    )
+    if done is not None and done in _PREFETCHED:
+        return None  # compiled by an earlier call: its lowering alone costs ~10 ms
     try:
         if log_joint is None:  # the start returns (log_joint, q0, ok)
             model, q0, _ = jax.eval_shape(start, x0)
@@ -438,7 +448,15 @@ def _prefetch(start, x0, log_joint, key, options):
 
     thread = threading.Thread(target=work, name="jaxvb-compile", daemon=True)
     thread.start()
+    if done is not None:
+        if len(_PREFETCHED) >= 256:
+            _PREFETCHED.clear()
+        _PREFETCHED.add(done)
     return thread
+
+
+#: Signatures of the calls whose program :func:`_prefetch` compiled.
+_PREFETCHED: set = set()
 
 
 #: Elements of draws held at once: by the check (its draws, to the end of the fit) and
@@ -548,11 +566,14 @@ def _check_distances(check: _Check, method: Method, log_joint):
     updates = jax.vmap(update)(both, counts)
     qs = tree(lambda a, b: jnp.concatenate([a[None], b]), q, updates)
     x = check.x.reshape(-1, *check.x.shape[2:])
-    log_probs = jax.lax.map(
-        lambda xi: jax.vmap(lambda one: one.log_prob(xi))(qs),
-        x,
-        batch_size=_chunk_size(x.shape[-1]),
-    )  # (num_draws, 4): q, the update, the halves' updates
+    if draws_in_sequence(q):  # one factorisation after another (a latent field's)
+        log_probs = jax.lax.map(lambda xi: jax.lax.map(lambda one: one.log_prob(xi), qs), x)
+    else:
+        log_probs = jax.lax.map(
+            lambda xi: jax.vmap(lambda one: one.log_prob(xi))(qs),
+            x,
+            batch_size=_chunk_size(x.shape[-1]),
+        )  # (num_draws, 4): q, the update, the halves' updates
     proper = jax.vmap(lambda one: one.is_proper)(qs)
 
     def distance(i, j):

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxvb._process import draws_in_sequence, each_draw
 from jaxvb.families.mixture import GaussianMixture, _halton
 
 #: Stan's k-hat threshold, and the variance of the log ratios below which k-hat is
@@ -336,38 +337,71 @@ def _log_densities(
     (log p, log q, log start) at the start's draws and log start at q's)``.
     """
     if start is not None:
-        keys = jnp.concatenate(
-            [
-                jax.random.split(key, num_draws),
-                jax.random.split(jax.random.fold_in(key, 2), num_draws),
-            ]
+        return _log_densities_with_start(
+            key, q, log_joint, num_draws, chunk_size, stats, start
         )
-        src = jnp.arange(2 * num_draws) >= num_draws
-
-        def two(inputs):
-            k, from_start = inputs
-            x_q, lq = q.sample_and_log_prob(k)
-            x = jnp.where(from_start, start.sample(k), x_q)
-            log_q = jnp.where(from_start, q.log_prob(x), lq)
-            out = (jnp.asarray(log_joint(x)).astype(q.dtype), log_q, start.log_prob(x))
-            return out + (q.sufficient_stats(x),) if stats else out
-
-        out = _chunked(two, (keys, src), 2 * num_draws, chunk_size)
-        own = tuple(v[:num_draws] for v in out)
-        other = tuple(v[num_draws:] for v in out[:3])
-        return own[:2] + own[3:], other + (own[2],)
 
     def one(k):
         x, log_q = q.sample_and_log_prob(k)
         out = (jnp.asarray(log_joint(x)).astype(q.dtype), log_q)
         return out + (q.sufficient_stats(x),) if stats else out
 
-    return _chunked(one, jax.random.split(key, num_draws), num_draws, chunk_size)
+    return _chunked(
+        one, jax.random.split(key, num_draws), num_draws, chunk_size, draws_in_sequence(q)
+    )
 
 
-def _chunked(fn, inputs, num_draws: int, chunk_size: int):
-    """``vmap(fn)(inputs)`` in equal chunks of at most ``chunk_size`` rows."""
+def _log_densities_with_start(key, q, log_joint, num_draws, chunk_size, stats, start):
+    """:func:`_log_densities` with a ``start``: ``q``'s draws and the start's in
+    separate chunks of the same size, each chunk drawing from one of them (a ``cond``
+    on the chunk, not a select per draw, which would run both): a draw is sampled with
+    its own density (``sample_and_log_prob``, one factorisation for a latent field)
+    and the other density evaluated at it, three densities per draw in all, and
+    ``log_joint`` traced once, after the branch."""
+    num_chunks = -(-num_draws // chunk_size)
+    size = -(-num_draws // num_chunks)
+    pad = num_chunks * size - num_draws
+
+    def chunked_keys(k):
+        keys = jax.random.split(k, num_draws)
+        keys = jnp.concatenate([keys, keys[:pad]])
+        return keys.reshape((num_chunks, size) + keys.shape[1:])  # raw uint32 keys too
+
+    keys = jnp.concatenate([chunked_keys(key), chunked_keys(jax.random.fold_in(key, 2))])
+    from_start = jnp.arange(2 * num_chunks) >= num_chunks
+
+    each = each_draw(q)
+
+    def draws_of(own, other):
+        def draw(ks):
+            x, log_own = each(own.sample_and_log_prob, ks)
+            return x, log_own, each(other.log_prob, x)
+
+        return draw
+
+    def chunk(inputs):
+        ks, s = inputs
+        x, log_own, log_other = jax.lax.cond(s, draws_of(start, q), draws_of(q, start), ks)
+        log_q = jnp.where(s, log_other, log_own).astype(q.dtype)
+        log_s = jnp.where(s, log_own, log_other).astype(q.dtype)
+        log_p = jnp.asarray(each(log_joint, x)).astype(q.dtype)
+        out = (log_p, log_q, log_s)
+        return out + (each(q.sufficient_stats, x),) if stats else out
+
+    out = jax.lax.map(chunk, (keys, from_start))
+    half = num_chunks * size
+    flat = tuple(v.reshape((2 * half,) + v.shape[2:]) for v in out)
+    own = tuple(v[:num_draws] for v in flat)
+    other = tuple(v[half : half + num_draws] for v in flat[:3])
+    return own[:2] + own[3:], other + (own[2],)
+
+
+def _chunked(fn, inputs, num_draws: int, chunk_size: int, sequential: bool = False):
+    """``vmap(fn)(inputs)`` in equal chunks of at most ``chunk_size`` rows (one row at
+    a time where ``sequential``)."""
     keys = inputs
+    if sequential:
+        return jax.lax.map(fn, keys)
     num_chunks = -(-num_draws // chunk_size)
     if num_chunks == 1:
         return jax.vmap(fn)(keys)

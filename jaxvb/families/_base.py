@@ -186,6 +186,15 @@ class Family(abc.ABC):
         return jax.tree_util.tree_leaves(self)[0].dtype
 
     @property
+    def factors_per_draw(self) -> bool:
+        """Whether a draw (and its density) factors a matrix of its own, e.g. a
+        conditional ``q(f | theta)`` with a blocked banded or dense precision: then
+        Monte Carlo draws are evaluated one after another on the CPU
+        (:mod:`jaxvb.diagnostics`), where a loop over such factorisations is faster
+        than their batch. False: draws share the family's factor and are vmapped."""
+        return False
+
+    @property
     @abc.abstractmethod
     def is_proper(self) -> Array:
         """Whether the parameters define a proper distribution (a boolean scalar)."""
