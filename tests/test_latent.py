@@ -728,3 +728,108 @@ def test_importance_resample_warns_where_q_theta_misses_the_posterior():
     with pytest.warns(RuntimeWarning, match="k-hat"):
         out = off.importance_resample(jax.random.key(2), 100, num_theta=400, num_f=2)
     assert float(out.khat) > 0.7
+
+
+def test_newton_stops_at_the_mode():
+    """The start's Newton iterations stop once converged: the sites' ``q(f | theta)``
+    mean is the mode of ``p(f | theta, y)`` (gradient ~0) and 30 more iterations do
+    not move it."""
+    from jaxvb import _field
+    from jaxvb.latent import _newton_sites
+
+    counts = jnp.asarray(np.random.default_rng(2).poisson(3.0, size=T), float)
+    model = jaxvb.LatentGaussian(
+        log_prior=lambda th: -0.5 * jnp.sum(th**2),
+        prior=lambda th: (jnp.zeros(T), Banded(jnp.exp(th[0]) * _ar1_band())),
+        log_lik=lambda f, y: y * f - jnp.exp(f),
+        data=counts,
+    ).bind(jnp.zeros(1))
+    theta = jnp.array([0.3])
+    a, b = _newton_sites(model, theta)
+    _, precision, _ = model.prior_of_field(theta)
+    ops = _field.ops(precision)
+    mode = ops.solve(ops.chol(linalg.Banded(precision.ab.at[0].add(a))), b)
+
+    def log_post(f):
+        return jnp.sum(counts * f - jnp.exp(f)) - 0.5 * f @ ops.matvec(precision, f)
+
+    assert float(jnp.max(jnp.abs(jax.grad(log_post)(mode)))) < 1e-9
+    # sites at the mode: a = exp(f), b = grad + a f
+    np.testing.assert_allclose(a, jnp.exp(mode), rtol=1e-10)
+    a2, b2 = _newton_sites(model, theta, num_iter=60)
+    np.testing.assert_allclose(a2, a, rtol=1e-12)
+    np.testing.assert_allclose(b2, b, rtol=1e-12)
+
+
+def test_a_second_fit_with_new_data_traces_nothing_again():
+    """Fits of one model structure with new data of the same shapes and a new key: the
+    second traces neither the model's functions (shape checks, the compile-ahead,
+    the start's and the fit's programs are kept) nor compiles anything."""
+    calls = {"prior": 0}
+    band = _ar1_band()
+
+    def prior(th):
+        calls["prior"] += 1
+        return th[0] * jnp.ones(T), Banded(band)
+
+    def model(y):
+        return jaxvb.LatentGaussian(
+            log_prior=_standard_log_prior,  # the same functions: one model structure
+            prior=prior,
+            log_lik=_gaussian_log_lik,
+            data=y,
+        )
+
+    jaxvb.fit(model(Y), jnp.zeros(1), KEY, num_steps=40, num_eval_draws=40)
+    assert calls["prior"] > 0
+    calls["prior"] = 0
+    res = jaxvb.fit(
+        model(Y + 1.0), jnp.zeros(1), jax.random.key(5), num_steps=40, num_eval_draws=40
+    )
+    assert calls["prior"] == 0
+    assert int(res.status) == 0, jaxvb.explain(res)
+
+
+def _standard_log_prior(th):
+    return -0.5 * jnp.sum(th**2)
+
+
+def _gaussian_log_lik(f, y):
+    return -0.5 * (y - f) ** 2 / NOISE_VAR - 0.5 * math.log(2 * math.pi * NOISE_VAR)
+
+
+@pytest.mark.slow
+def test_diagnostics_of_draws_in_a_loop_equal_the_vmapped_ones(monkeypatch):
+    """A field with a blocked banded precision (``w = 4``) factors each draw: its
+    diagnostics loop over the draws on the CPU; the numbers are those of the vmapped
+    evaluation (with the start's draws too)."""
+    from jaxvb import diagnostics
+    from jaxvb.latent import LatentGaussianApproximation
+
+    n = 24
+    rng = np.random.default_rng(3)
+    dense = np.eye(n) * 3.0
+    for k in range(1, 5):
+        dense += np.diag(np.full(n - k, -0.4 / k), k) + np.diag(
+            np.full(n - k, -0.4 / k), -k
+        )
+    band = linalg.from_dense(dense, 4)
+    counts = jnp.asarray(rng.poisson(2.0, size=n), float)
+    model = jaxvb.LatentGaussian(
+        log_prior=lambda th: -0.5 * jnp.sum(th**2),
+        prior=lambda th: (jnp.zeros(n), Banded(jnp.exp(th[0]) * band)),
+        log_lik=lambda f, y: y * f - jnp.exp(f),
+        data=counts,
+    )
+    bound, q0, ok = model.start(jnp.zeros(1))
+    assert bool(ok) and q0.factors_per_draw
+    res = jaxvb.fit(model, jnp.zeros(1), KEY, num_steps=60, num_eval_draws=40)
+    loop = diagnostics.evaluate(jax.random.key(1), res.q, bound, 30, chunk_size=7, start=q0)
+    monkeypatch.setattr(LatentGaussianApproximation, "factors_per_draw", False)
+    vmapped = diagnostics.evaluate(
+        jax.random.key(1), res.q, bound, 30, chunk_size=7, start=q0
+    )
+    for name in ("elbo", "r_squared", "khat", "start_excess", "log_evidence"):
+        np.testing.assert_allclose(
+            getattr(loop, name), getattr(vmapped, name), rtol=1e-10, err_msg=name
+        )
