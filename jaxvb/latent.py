@@ -474,15 +474,24 @@ def _checked(model: LatentGaussian, theta: jax.ShapeDtypeStruct) -> int:
 
 @_static.memo_by_signature
 def _blocked_or_dense(model: LatentGaussian, k: int, dtype) -> bool:
-    """Whether ``q(f | theta)``'s factorisation is dense or blocked banded (``w >=
-    4``): the costly kinds, per theta."""
+    """Whether ``q(f | theta)``'s factorisation is a costly one: dense or blocked banded
+    (``w >= 4``), of at least :data:`_COSTLY_FLOPS` (``T^3 / 3`` dense, ``T w^2``
+    banded). A smaller one costs less than the loop and dispatch around it: its draws
+    vectorise and its start compiles quickly."""
     theta = jax.ShapeDtypeStruct((k,), dtype)
     _, precision, _ = jax.eval_shape(model.prior_of_field, theta)
-    if isinstance(precision, linalg.Banded):
-        return linalg.banded._blocked(precision.ab.shape[0] - 1)
-    if isinstance(precision, linalg.Arrowhead):
-        return linalg.banded._blocked(precision.band.shape[0] - 1)
-    return True  # dense
+    if isinstance(precision, (linalg.Banded, linalg.Arrowhead)):
+        band = precision.ab if isinstance(precision, linalg.Banded) else precision.band
+        w, t = band.shape[0] - 1, band.shape[1]
+        return linalg.banded._blocked(w) and t * w * w >= _COSTLY_FLOPS
+    t = precision.shape[-1]
+    return t**3 / 3 >= _COSTLY_FLOPS  # dense
+
+
+#: A factorisation this costly (flops) or more is worth a loop over draws on the CPU
+#: and an optimised start (the LGCP of benchmarks/latent_gaussian.py: 6.4e5; a dense
+#: field of T >= 67)
+_COSTLY_FLOPS = 1e5
 
 
 # One compiled program for the whole start (eagerly, its loops and searches would be
@@ -710,9 +719,10 @@ class LatentGaussianApproximation(Family):
 
     @property
     def factors_per_draw(self) -> bool:
-        """Each draw factors ``Q(theta) + diag(a)``: True where that is a dense or a
-        blocked banded (``w >= 4``) factorisation, whose batches run slower than a
-        loop over them on XLA:CPU; a diagonal or tridiagonal one vectorises."""
+        """Each draw factors ``Q(theta) + diag(a)``: True where that is a costly dense
+        or blocked banded (``w >= 4``) factorisation (:func:`_blocked_or_dense`),
+        whose batches run slower than a loop over them on XLA:CPU; a small, diagonal
+        or tridiagonal one vectorises."""
         return _blocked_or_dense(self.model, self.theta.mean.shape[-1], self.dtype)
 
     @property
