@@ -358,13 +358,10 @@ def _log_densities_with_start(key, q, log_joint, num_draws, chunk_size, stats, s
     its own density (``sample_and_log_prob``, one factorisation for a latent field)
     and the other density evaluated at it, three densities per draw in all, and
     ``log_joint`` traced once, after the branch."""
-    num_chunks = -(-num_draws // chunk_size)
-    size = -(-num_draws // num_chunks)
-    pad = num_chunks * size - num_draws
+    num_chunks, size = _chunk_layout(num_draws, chunk_size)
 
     def chunked_keys(k):
-        keys = jax.random.split(k, num_draws)
-        keys = jnp.concatenate([keys, keys[:pad]])
+        keys = _padded(jax.random.split(k, num_draws), num_chunks * size)
         return keys.reshape((num_chunks, size) + keys.shape[1:])  # raw uint32 keys too
 
     keys = jnp.concatenate([chunked_keys(key), chunked_keys(jax.random.fold_in(key, 2))])
@@ -402,15 +399,24 @@ def _chunked(fn, inputs, num_draws: int, chunk_size: int, sequential: bool = Fal
     keys = inputs
     if sequential:
         return jax.lax.map(fn, keys)
-    num_chunks = -(-num_draws // chunk_size)
+    num_chunks, size = _chunk_layout(num_draws, chunk_size)
     if num_chunks == 1:
         return jax.vmap(fn)(keys)
-    size = -(-num_draws // num_chunks)
-    padded = jax.tree_util.tree_map(
-        lambda v: jnp.concatenate([v, v[: num_chunks * size - num_draws]]), keys
-    )
+    padded = jax.tree_util.tree_map(lambda v: _padded(v, num_chunks * size), keys)
     out = jax.lax.map(fn, padded, batch_size=size)
     return tuple(v[:num_draws] for v in out)
+
+
+def _chunk_layout(num_draws: int, chunk_size: int) -> tuple[int, int]:
+    """``(n, c)``: ``num_draws`` in ``n`` equal chunks of ``c <= chunk_size`` rows."""
+    num_chunks = -(-num_draws // chunk_size)
+    return num_chunks, -(-num_draws // num_chunks)
+
+
+def _padded(rows, total: int):
+    """``rows`` padded to ``total`` with repeats of its first rows (their values are
+    dropped): equal chunks, one traced program."""
+    return jnp.concatenate([rows, rows[: total - rows.shape[0]]])
 
 
 # --- the evidence of a mixture by importance sampling -------------------------------

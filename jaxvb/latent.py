@@ -437,7 +437,7 @@ class LatentGaussian:
         # the start runs at every call: optimised where its factorisations are costly
         # (the LGCP of benchmarks/latent_gaussian.py: 0.47 -> 0.15 s a call, ~2.5 s
         # more to compile once, alongside the fit's compile), else compiled quickly
-        costly = _blocked_or_dense(model, theta0.shape[0], theta0.dtype)
+        costly = _costly_factorisation(model, theta0.shape[0], theta0.dtype)
         q0, ok = (_start_optimised if costly else _start)(arrays, static, theta0)
         if is_concrete(ok) and not bool(ok):
             _name_the_prior(model, theta0)
@@ -473,7 +473,7 @@ def _checked(model: LatentGaussian, theta: jax.ShapeDtypeStruct) -> int:
 
 
 @_static.memo_by_signature
-def _blocked_or_dense(model: LatentGaussian, k: int, dtype) -> bool:
+def _costly_factorisation(model: LatentGaussian, k: int, dtype) -> bool:
     """Whether ``q(f | theta)``'s factorisation is a costly one: dense or blocked banded
     (``w >= 4``), of at least :data:`_COSTLY_FLOPS` (``T^3 / 3`` dense, ``T w^2``
     banded). A smaller one costs less than the loop and dispatch around it: its draws
@@ -720,10 +720,10 @@ class LatentGaussianApproximation(Family):
     @property
     def factors_per_draw(self) -> bool:
         """Each draw factors ``Q(theta) + diag(a)``: True where that is a costly dense
-        or blocked banded (``w >= 4``) factorisation (:func:`_blocked_or_dense`),
+        or blocked banded (``w >= 4``) factorisation (:func:`_costly_factorisation`),
         whose batches run slower than a loop over them on XLA:CPU; a small, diagonal
         or tridiagonal one vectorises."""
-        return _blocked_or_dense(self.model, self.theta.mean.shape[-1], self.dtype)
+        return _costly_factorisation(self.model, self.theta.mean.shape[-1], self.dtype)
 
     @property
     def is_proper(self) -> Array:
