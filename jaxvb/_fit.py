@@ -30,7 +30,7 @@ from jaxvb import _process, _progress, _static, diagnostics, kernel
 from jaxvb._algebra import finite_rows, masked_sum, where_tree
 from jaxvb._indices import out_of_bounds_reads
 from jaxvb._laplace import _laplace, default_tol, near_mode, raise_for, working_dtype
-from jaxvb._process import draws_in_sequence, jit_fast, outside_traces
+from jaxvb._process import after, draws_in_sequence, jit_fast, outside_traces
 from jaxvb._result import (  # noqa: F401  (re-exported for jaxvb._fit's old users)
     ERRORS,
     KHAT_THRESHOLD,
@@ -574,7 +574,8 @@ def _check_distances(check: _Check, method: Method, log_joint):
             x,
             batch_size=_chunk_size(x.shape[-1]),
         )  # (num_draws, 4): q, the update, the halves' updates
-    proper = jax.vmap(lambda one: one.is_proper)(qs)
+    # after the densities: both factor the four (_process.after)
+    proper = jax.vmap(lambda one: one.is_proper)(after(qs, log_probs))
 
     def distance(i, j):
         value = 0.5 * jnp.var(log_probs[:, i] - log_probs[:, j])

@@ -116,6 +116,38 @@ def each_draw(q) -> Callable:
     return lambda fn, xs: jax.vmap(fn)(xs)
 
 
+def after(x, before):
+    """``x``, computed only once ``before`` is: a run-time dependency of every float
+    leaf of ``x`` on one value of ``before`` (``+ 0 * isnan(v)``, which XLA keeps:
+    float multiplication by zero is not folded away, and ``isnan`` keeps a NaN in
+    ``before`` out of ``x``).
+
+    Why: XLA:CPU runs operations that do not depend on each other concurrently on a
+    thread pool of one thread per core, and jaxlib 0.10's batched LAPACK kernels (a
+    vmapped Cholesky, QR, triangular solve, ...) split their batch into tasks on that
+    same pool and block until they are done: with as many of them running at once as
+    there are pool threads (two on a 2-core machine) every thread waits and the
+    process hangs (reproduced here with two independent vmapped Cholesky factorisations
+    of 64 40 x 40 matrices: hangs within seconds; jaxlib 0.11.2 compiles that parallel
+    path out). ``jax.lax.optimization_barrier`` does not order them at run time (the
+    runtime orders by buffers, not by the barrier); a data dependency does. Used where
+    one vmapped evaluation factors two matrices per draw: a draw and the other
+    density at it, the prior's and ``q(f | theta)``'s factors."""
+    leaves = [v for v in jax.tree_util.tree_leaves(before) if hasattr(v, "dtype")]
+    if not leaves:
+        return x
+    import jax.numpy as jnp
+
+    flag = jnp.isnan(jnp.ravel(leaves[0])[0])
+
+    def tie(v):
+        if not hasattr(v, "dtype") or not jnp.issubdtype(v.dtype, jnp.floating):
+            return v
+        return v + flag.astype(v.dtype) * jnp.zeros((), v.dtype)
+
+    return jax.tree_util.tree_map(tie, x)
+
+
 def jit_fast(
     fn: Callable | None = None, *, static_argnames: tuple[str, ...] = (), once=False
 ):

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxvb._process import draws_in_sequence, each_draw
+from jaxvb._process import after, draws_in_sequence, each_draw
 from jaxvb.families.mixture import GaussianMixture, _halton
 
 #: Stan's k-hat threshold, and the variance of the log ratios below which k-hat is
@@ -343,6 +343,7 @@ def _log_densities(
 
     def one(k):
         x, log_q = q.sample_and_log_prob(k)
+        x = after(x, log_q)  # a log joint that factors a matrix too: in turn
         out = (jnp.asarray(log_joint(x)).astype(q.dtype), log_q)
         return out + (q.sufficient_stats(x),) if stats else out
 
@@ -372,7 +373,8 @@ def _log_densities_with_start(key, q, log_joint, num_draws, chunk_size, stats, s
     def draws_of(own, other):
         def draw(ks):
             x, log_own = each(own.sample_and_log_prob, ks)
-            return x, log_own, each(other.log_prob, x)
+            # the other's factorisation after the own's (_process.after)
+            return x, log_own, each(other.log_prob, after(x, log_own))
 
         return draw
 

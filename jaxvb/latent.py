@@ -94,7 +94,7 @@ import numpy as np
 from jaxvb import _field, _static, linalg
 from jaxvb._algebra import cast_tree, precision_factor, solve_precision
 from jaxvb._laplace import default_tol, laplace_traced, near_mode
-from jaxvb._process import jit_fast, jit_once
+from jaxvb._process import after, jit_fast, jit_once
 from jaxvb.families._base import (
     Array,
     Family,
@@ -600,7 +600,9 @@ def _log_z(model: LatentGaussian, a, b, theta):
     prior, flat in some directions, counts its own constant."""
     mu, chol, ops, m, precision, c, log_norm = _conditional(model, a, b, theta)
     num_field = mu.shape[-1]
-    logdet_prior = 2.0 * _prior_log_norm(ops, precision, log_norm, num_field) + (
+    # the prior's factor after q(f | theta)'s, not beside it (_process.after)
+    prior = after(precision, chol)
+    logdet_prior = 2.0 * _prior_log_norm(ops, prior, log_norm, num_field) + (
         num_field * _LOG_2PI
     )
     log_z = _field.log_normaliser(
@@ -967,6 +969,7 @@ def _importance_resample(q, key, n, num_theta, num_f, widen):
         log_q_f = 0.5 * (ops.logdet(chol) - num_field * _LOG_2PI) - 0.5 * jnp.sum(z * z, 0)
         m, precision, log_norm = model.prior_of_field(th)
         prior_ops = _field.ops(precision)
+        precision = after(precision, chol)  # factored after q(f | theta)
         log_norm = _prior_log_norm(prior_ops, precision, log_norm, num_field)
         n_sites = model.num_sites(precision, num_field)
         d = (f - m).T  # (N, num_f)
