@@ -274,6 +274,11 @@ class LatentGaussian:
         has ``E[log r_t]`` instead. Zero for a Gaussian ``p(y_t | f_t)`` with its exact
         sites. The log ratios are formed relative to their mean (``a_t f_t^2`` is large
         where ``f_t`` is), so that the gap keeps its digits."""
+        return self._expected_and_gaps(mean, var, a, b, theta)[1]
+
+    def _expected_and_gaps(self, mean, var, a, b, theta):
+        """``(E log p(y_t | f_t), site_gaps)`` from one pass of ``log_lik`` over the
+        nodes (under a gradient, one backward pass through it, not two)."""
         z, w = _gauss_hermite(self.num_quadrature, mean.dtype)
         sd = jnp.sqrt(var)
         ll = jax.vmap(lambda f: self.site_log_lik(f, theta))(mean + sd * z[:, None])
@@ -284,7 +289,7 @@ class LatentGaussian:
             + z[:, None] * (sd * (a * mean - b))
             + (z**2 - 1.0)[:, None] * (0.5 * a * var)
         )
-        return jax.nn.logsumexp(u, axis=0, b=w[:, None])
+        return w @ ll, jax.nn.logsumexp(u, axis=0, b=w[:, None])
 
     def _split(self, x):
         return x[..., : self.num_hyper], x[..., self.num_hyper :]
@@ -620,11 +625,13 @@ def _target(model: LatentGaussian, a, b, theta, ep: bool = False):
     n = a.shape[-1]
     eta = _field.project(mu, model.design, n)
     var = _field.site_variances(ops, chol, model.design, n)
-    ell, _, _ = model.site_expectations(eta, var, theta)
+    if ep:  # E log p(y_t | f_t) by quadrature, from the gaps' pass over the nodes
+        ell, gaps = model._expected_and_gaps(eta, var, a, b, theta)
+        ell = ell + gaps
+    else:
+        ell, _, _ = model.site_expectations(eta, var, theta)
     # the sites are diagonal on eta: their expected log is that of diagonal sites
     site_terms = jnp.sum(ell) - _field.expected_log_site(_field.Dense, a, b, eta, var)
-    if ep:
-        site_terms = site_terms + jnp.sum(model.site_gaps(eta, var, a, b, theta))
     value = model.prior_log_density(theta) + log_z + site_terms
     # q(f | theta)'s marginals and factor, held constant: the sites' statistics are
     # computed from them once, at the draw (not at the points of the differences)

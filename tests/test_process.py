@@ -42,3 +42,53 @@ def test_no_clearing_inside_a_trace(monkeypatch):
 def test_no_clearing_far_from_the_limit(monkeypatch):
     monkeypatch.setattr(_process, "_MAX_MAPS", 10**9)
     assert not _process.guard_maps()
+
+
+def test_after_keeps_the_values_and_no_nan_of_what_it_waits_for():
+    """``after(x, before)`` is ``x`` (float leaves, others untouched), also where
+    ``before`` is NaN (a failed factorisation), and passes gradients to ``x``."""
+    x = {"a": jnp.arange(3.0), "n": jnp.arange(3)}
+    for before in (jnp.ones((2, 2)), jnp.full((2, 2), jnp.nan)):
+        out = jax.jit(_process.after)(x, before)
+        assert out["a"].tolist() == [0.0, 1.0, 2.0] and out["n"].dtype == x["n"].dtype
+    grad = jax.grad(lambda v: jnp.sum(_process.after(v, jnp.nan) ** 2))(jnp.ones(2))
+    assert grad.tolist() == [2.0, 2.0]
+
+
+_TWO_FACTORISATIONS = """
+import jax, jax.numpy as jnp
+from jaxvb._process import after
+jax.config.update("jax_enable_x64", True)
+
+def f(a, b):
+    ca = jnp.linalg.cholesky(a)
+    return jnp.sum(ca) + jnp.sum(jnp.linalg.cholesky(after(b, ca)))
+
+x = jax.random.normal(jax.random.key(0), (64, 40, 40))
+a = x @ jnp.swapaxes(x, -1, -2) + 40.0 * jnp.eye(40)
+g = jax.jit(f)
+for i in range(1500):
+    g(a + i * 1e-9, a + 1.0).block_until_ready()
+print("ok")
+"""
+
+
+@pytest.mark.integration
+def test_two_batched_factorisations_in_turn_do_not_hang():
+    """Two independent vmapped Cholesky factorisations in one program hang jaxlib 0.10
+    on a 2-core CPU within seconds (both thread-pool threads wait in LAPACK's batch
+    split); ordered by ``after`` they run. A subprocess, so that a hang fails the test
+    at its timeout instead of stopping the session."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    out = subprocess.run(
+        [sys.executable, "-c", _TWO_FACTORISATIONS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
