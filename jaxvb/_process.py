@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 
 _LIMIT_FILE = "/proc/sys/vm/max_map_count"
 _MAPS_FILE = "/proc/self/maps"
@@ -136,8 +137,6 @@ def after(x, before):
     leaves = [v for v in jax.tree_util.tree_leaves(before) if hasattr(v, "dtype")]
     if not leaves:
         return x
-    import jax.numpy as jnp
-
     flag = jnp.isnan(jnp.ravel(leaves[0])[0])
 
     def tie(v):
