@@ -183,9 +183,12 @@ def fit(
         whole number of steps: they are drawn as extra steps of the iteration's own
         loop, ``num_draws`` (times two if ``antithetic``) at a time, and kept to the
         end for the distances (evaluated in chunks). Default ``min(num_eval_draws,
-        200)``, fewer for a long ``x`` (at most ~4 million values held, at least 16
-        draws: 16 at ``d = 10^6``); ``0`` skips the check, as does a number below four
-        times the draws the method needs to solve (Algorithm 1 with a large Gaussian).
+        200)``, fewer for a short fit (at most a quarter of the iteration's draws, at
+        least 32: 62 for 250 steps of one draw, whose check would otherwise cost 80%
+        of the iteration) and for a long ``x`` (at most ~4 million values held, at
+        least 16 draws: 16 at ``d = 10^6``); ``0`` skips the check, as does a number
+        below four times the draws the method needs to solve (Algorithm 1 with a large
+        Gaussian).
       trace: also return per-step :class:`Trace` information.
       progress: report the progress of a long fit from inside the compiled loop (off by
         default): an int ``k`` prints the step and the current ELBO and R^2 estimates
@@ -353,8 +356,15 @@ def _fit_arguments(
         step_size = 1.0 / math.sqrt(num_steps)
     if num_check_draws is None:
         # the check keeps its draws until the end: at most ~32 MB of them (a long
-        # latent field, d ~ 10^6, gets 16 draws)
-        num_check_draws = min(num_eval_draws, 200, max(16, _MAX_HELD // _size(q0)))
+        # latent field, d ~ 10^6, gets 16 draws); and it costs at most a quarter of the
+        # iteration's draws (each a step of the same loop), 32 at least
+        per_step = num_draws * (2 if antithetic else 1)
+        num_check_draws = min(
+            num_eval_draws,
+            200,
+            max(16, _MAX_HELD // _size(q0)),
+            max(_MIN_CHECK_DRAWS, num_steps * per_step // 4),
+        )
     # Half the check's draws must solve the method's statistics, with room to spare.
     if num_check_draws < 4 * m.min_draws(q0):
         num_check_draws = 0
@@ -463,6 +473,9 @@ _PREFETCHED: set = set()
 #: by a chunk of the diagnostics or of the check's distances (their work arrays).
 _MAX_HELD = 2**22
 _MAX_CHUNK = 2**20
+#: The fewest draws the convergence check takes by default (a short fit's: the check
+#: costs at most a quarter of the iteration's draws otherwise).
+_MIN_CHECK_DRAWS = 32
 
 
 def _size(q) -> int:
@@ -749,9 +762,13 @@ def _fit(
         status = status | jnp.where(good & far, int(Status.NOT_CONVERGED), 0)
         status = status | jnp.where(good & ~settled & ~far, int(Status.UNSETTLED), 0)
 
+    # The diagnostics after the check's distances, not beside them: two loops of
+    # factorisations run at once on XLA:CPU's thread pool took the LGCP of
+    # benchmarks/latent_gaussian.py 2.2 s where one after the other takes 1.8 s
+    # (and with jaxlib 0.10's batched LAPACK kernels they can hang: _process.after)
     diag = diagnostics.evaluate(
         key_eval,
-        q,
+        after(q, shift) if checking_on else q,
         log_p_centred,
         num_eval_draws,
         chunk_size=_chunk_size(_size(q)),

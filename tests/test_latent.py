@@ -803,12 +803,18 @@ def _gaussian_log_lik(f, y):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype, rtol", [(jnp.float64, 1e-10), (jnp.float32, 1e-5)])
-def test_diagnostics_of_draws_in_a_loop_equal_the_vmapped_ones(monkeypatch, dtype, rtol):
+@pytest.mark.parametrize(
+    "dtype, rtol, atol", [(jnp.float64, 1e-10, 0.0), (jnp.float32, 1e-5, 1e-5)]
+)
+def test_diagnostics_of_draws_in_a_loop_equal_the_vmapped_ones(
+    monkeypatch, dtype, rtol, atol
+):
     """Diagnostics of a family whose draws each factor a blocked banded precision
     (``w = 4``), in a loop over the draws (as on the CPU for a large one): the
     numbers of the vmapped evaluation (with the start's draws too), in float32 too
-    (equal there as well; asserted to 1e-5)."""
+    (equal there to 1e-5 relative, or 1e-5 absolute for ``start_excess``: a
+    difference of means of log densities ~10 in size, whose float32 round-off is
+    ~1e-6)."""
     from jaxvb import diagnostics
     from jaxvb.latent import LatentGaussianApproximation
 
@@ -839,7 +845,7 @@ def test_diagnostics_of_draws_in_a_loop_equal_the_vmapped_ones(monkeypatch, dtyp
     vmapped = diagnostics.evaluate(jax.random.key(1), q, bound, 30, chunk_size=7, start=q0)
     for name in ("elbo", "r_squared", "khat", "start_excess", "log_evidence"):
         np.testing.assert_allclose(
-            getattr(loop, name), getattr(vmapped, name), rtol=rtol, err_msg=name
+            getattr(loop, name), getattr(vmapped, name), rtol=rtol, atol=atol, err_msg=name
         )
 
 

@@ -535,7 +535,7 @@ def hierarchical(
         """``H(theta) = log p(theta) + log q(y|theta) + E(log p(y|f) - log q(y|f))``:
         :class:`jaxvb.LatentGaussian`'s target."""
         g = q.gaussian
-        value, (eta, var, mu, _) = latent._target(
+        value, (eta, var, mu, *_) = latent._target(
             g.model, g.site_precision, g.site_shift, theta
         )
         return value, (eta, var, mu)
