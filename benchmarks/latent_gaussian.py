@@ -147,9 +147,9 @@ class Problem:
         not in ``theta``; its start; and ``(theta, f) -> (theta, f)``, its draws as
         ``model``'s (the fixed effects back among the hyperparameters, ``f`` the
         linear predictor), for the comparison with the reference.
-      factored_model: ``fit_model`` whose ``prior`` leaves the log normaliser to jaxvb
-        (from the prior's factorisation), where ``fit_model``'s gives it in closed
-        form: timed beside it (:func:`time_factored`).
+      closed_form: the same problem with priors that give their log normaliser in
+        closed form (no factorisation of ``Q(theta)`` in the log joint, for jaxvb nor
+        for NUTS), timed beside this one (:func:`time_closed_form`).
     """
 
     name: str
@@ -165,7 +165,7 @@ class Problem:
     fit_theta0: jax.Array | None = None
     to_reference: Callable | None = None
     fit_fn: Callable | None = None
-    factored_model: jaxvb.LatentGaussian | None = None
+    closed_form: object | None = None  # a Problem (its own class: not yet defined here)
 
     @property
     def num_latent(self) -> int:
@@ -441,29 +441,28 @@ def lgcp_counts(n: int = LGCP_GRID) -> np.ndarray:
     return np.bincount(iy * n + ix, minlength=n * n).astype(float)
 
 
-def lgcp_problem(n: int = LGCP_GRID) -> Problem:
+def lgcp_problem(n: int = LGCP_GRID, closed_form: bool = False) -> Problem:
+    """The LGCP; ``closed_form``: its priors give their log normaliser from the
+    lattice's eigenvalues (``Problem.closed_form``, timed beside the plain one)."""
     counts = lgcp_counts(n)
     h = 1.0 / n
     lap = _lattice_laplacian(n)
     bands = tuple(jnp.asarray(b) for b in _lattice_bands(lap, n))
     eig = tuple(jnp.asarray(a) for a in np.linalg.eigh(lap))
+    lam = eig[0] if closed_form else None
     model = jaxvb.LatentGaussian(
         log_prior=_lgcp_log_prior,
-        prior=functools.partial(_lgcp_prior, bands=bands, h=h, lam=eig[0]),
+        prior=functools.partial(_lgcp_prior, bands=bands, h=h, lam=lam),
         log_lik=_poisson_log_lik,
         data=(jnp.asarray(counts), jnp.full(n * n, h * h)),
     )
     theta0 = jnp.array([math.log(counts.sum()), 0.0, math.log(0.1)])
     fit_model = jaxvb.LatentGaussian(
         log_prior=_lgcp_fixed_log_prior,
-        prior=functools.partial(_lgcp_fixed_prior, bands=bands, h=h, lam=eig[0]),
+        prior=functools.partial(_lgcp_fixed_prior, bands=bands, h=h, lam=lam),
         log_lik=_poisson_log_lik,
         data=model.data,
         design=jnp.ones((n * n, 1)),
-    )
-    # the same, the log normaliser left to jaxvb (from the prior's factor)
-    factored = dataclasses.replace(
-        fit_model, prior=functools.partial(_lgcp_fixed_prior, bands=bands, h=h)
     )
     return Problem(
         name="lgcp_brambles",
@@ -479,7 +478,7 @@ def lgcp_problem(n: int = LGCP_GRID) -> Problem:
         fit_model=fit_model,
         fit_theta0=theta0[1:],
         to_reference=functools.partial(_level_last, num_fixed=1, at=0),
-        factored_model=factored,
+        closed_form=None if closed_form else lgcp_problem(n, closed_form=True),
     )
 
 
@@ -837,30 +836,25 @@ def time_latent(problem: Problem, settings: dict, seed: int = 0):
     return out, fits
 
 
-def time_factored(problem: Problem, settings: dict, seed: int = 0) -> dict | None:
-    """The default fit of ``problem.factored_model`` (the prior's log normaliser from
-    its factorisation at every draw, not in closed form): the first call and
-    ``repeats`` calls after compile, keys as :func:`time_latent`'s."""
-    if problem.factored_model is None:
+def time_closed_form(problem: Problem, settings: dict, ref: dict, seed: int = 0):
+    """``problem.closed_form``'s default jaxvb fit (:func:`time_latent`'s first call
+    and repeats) and NUTS (:func:`time_nuts`) on it, with their speed-up; ``None``
+    without one."""
+    closed = problem.closed_form
+    if closed is None:
         return None
-    theta0 = problem.jaxvb_model[1]
 
     def run(i):
-        return jaxvb.fit(
-            problem.factored_model,
-            theta0,
-            jax.random.key(seed + i),
-            num_steps=settings["num_steps"],
-            on_failure="ignore",
-        )
+        return fit_latent(closed, jax.random.key(seed + i), settings["num_steps"])
 
     res, first = _timed(lambda: run(0))
     times = [_timed(lambda i=i: run(i))[1] for i in range(1, settings["repeats"] + 1)]
+    jaxvb_record = dict(first_call_s=first, run=_times(times), **status_record(res))
+    nuts = time_nuts(closed, settings, ref, seed)
     return dict(
-        first_call_s=first,
-        run=_times(times),
-        theta_mean=np.asarray(res.q.theta.mean).tolist(),
-        **status_record(res),
+        jaxvb=jaxvb_record,
+        nuts={k: nuts[k] for k in ("first_call_s", "run_s", "mean_num_steps")},
+        speedup_after_compile=nuts["run_s"] / jaxvb_record["run"]["median_s"],
     )
 
 
@@ -1232,12 +1226,7 @@ def run_problem(problem: Problem, settings: dict, seed: int = 0):
     timing, fits = time_latent(
         problem, dict(settings, repeats=settings["repeats"][problem.name]), seed
     )
-    factored = time_factored(
-        problem, dict(settings, repeats=settings["repeats"][problem.name]), seed
-    )
-    if factored is not None:
-        timing["log_norm_from_factor"] = factored
-    for variant in [v for v in (*VARIANTS, "log_norm_from_factor") if v in timing]:
+    for variant in VARIANTS:
         r = timing[variant]
         print(
             f"  jaxvb {variant:14s}: first call {r['first_call_s']:6.1f} s, after compile "
@@ -1291,6 +1280,18 @@ def run_problem(problem: Problem, settings: dict, seed: int = 0):
         f"({nuts['mean_num_steps']:.0f} leapfrog steps per draw)",
         flush=True,
     )
+    closed = time_closed_form(
+        problem, dict(settings, repeats=settings["repeats"][problem.name]), ref, seed
+    )
+    if closed is not None:
+        print(
+            f"  log normaliser in closed form: jaxvb first call "
+            f"{closed['jaxvb']['first_call_s']:.1f} s, after compile "
+            f"{closed['jaxvb']['run']['median_s']:.3f} s; NUTS first call "
+            f"{closed['nuts']['first_call_s']:.1f} s, after compile "
+            f"{closed['nuts']['run_s']:.1f} s ({closed['speedup_after_compile']:.1f}x)",
+            flush=True,
+        )
     dense = None
     if settings["dense"] is not None:
         dense = run_dense(problem, settings)
@@ -1330,6 +1331,7 @@ def run_problem(problem: Problem, settings: dict, seed: int = 0):
         dense=dense,
         gaussian_theta=gaussian_theta,
         importance=importance,
+        closed_form_log_norm=closed,
         # other processes on the machine slow every timing above: the 1-minute load
         # average before and after this model's measurements
         load_average_1min=dict(before=load_before, after=_load()),
@@ -1607,9 +1609,7 @@ def print_summary(report: dict, sections=SECTIONS):
                 f"{p['title']}  [1-min load average {load.get('before', 0):.1f} before, "
                 f"{load.get('after', 0):.1f} after]"
             )
-            for variant in [
-                v for v in (*VARIANTS, "log_norm_from_factor") if v in p["jaxvb"]
-            ]:
+            for variant in VARIANTS:
                 r = p["jaxvb"][variant]
                 print(
                     f"  jaxvb {p['num_steps']} steps, {variant:15s} {r['first_call_s']:10.2f} "
@@ -1625,6 +1625,14 @@ def print_summary(report: dict, sections=SECTIONS):
                 f"{'':10s} {n['first_call_s']:10.2f} {n['run_s']:13.3f}   "
                 f"{n['mean_num_steps']:.0f} steps/draw, {n['num_divergent']} divergent"
             )
+            c = p.get("closed_form_log_norm")
+            if c is not None:
+                print(
+                    f"  log normaliser in closed form: jaxvb "
+                    f"{c['jaxvb']['first_call_s']:.2f} / {c['jaxvb']['run']['median_s']:.3f}"
+                    f"; NUTS {c['nuts']['first_call_s']:.2f} / {c['nuts']['run_s']:.3f} "
+                    f"({c['speedup_after_compile']:.1f}x)"
+                )
             d = p.get("dense")
             if d is not None:
                 print("  " + dense_line(d))

@@ -141,7 +141,7 @@ def _site_derivatives(log_lik: Callable, f: Array):
     """:func:`_derivatives`, whose derivatives along ``f`` are the next ones along the
     diagonal: a target that differentiates ``log_lik(f)`` at the quadrature nodes
     reuses the first derivative computed there instead of a second pass through
-    ``log_lik`` (a quarter of the GLMM step of ``benchmarks/latent_gaussian.py``)."""
+    ``log_lik`` (a fifth of the GLMM step of ``benchmarks/latent_gaussian.py``)."""
     return _derivatives(log_lik, f)
 
 

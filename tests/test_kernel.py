@@ -197,6 +197,37 @@ def test_an_unsettled_fit_is_flagged_by_the_check():
     assert float(res.fixed_point_shift) > 1.0
 
 
+def test_the_check_takes_a_quarter_of_the_iteration_by_default():
+    """The default number of check draws: 200, at most a quarter of the iteration's
+    draws (each check draw is a step of the same loop), at least 32; what is asked
+    for is kept."""
+    q0 = jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2))
+
+    def check_draws(num_steps, num_draws=1, antithetic=False, asked=None):
+        _, kwargs = _fit._fit_arguments(
+            lambda x: -0.5 * jnp.sum(x**2),
+            q0,
+            KEY,
+            method=None,
+            num_steps=num_steps,
+            num_draws=num_draws,
+            antithetic=antithetic,
+            max_backtracks=8,
+            num_eval_draws=1000,
+            num_check_draws=asked,
+            step_size=None,
+            trace=False,
+            progress=None,
+        )
+        return kwargs["num_check_draws"]
+
+    assert check_draws(1000) == 200 and check_draws(250) == 62
+    assert check_draws(20) == _fit._MIN_CHECK_DRAWS == 32
+    assert check_draws(250, num_draws=4) == 200
+    assert check_draws(250, antithetic=True) == 125
+    assert check_draws(250, asked=150) == 150
+
+
 def test_a_pytree_log_joint_compiles_once_for_new_data():
     """jax.tree_util.Partial(fn, data): data of the same shapes reuses the program."""
     q0 = jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2))

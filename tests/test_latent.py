@@ -910,6 +910,49 @@ def test_the_ep_target_is_exact_for_independent_sites():
     np.testing.assert_allclose(gaps, 0.0, atol=1e-12)
 
 
+def test_site_derivatives_differentiate_as_plain_autodiff():
+    """The quadrature's one pass (``log_lik`` and its first two derivatives at the
+    nodes, whose derivatives along ``f`` reuse the ones computed) differentiates as
+    plain autodiff of the same quantities: first, second and third order, through the
+    site expectations' mean and variance, in reverse and forward mode."""
+    from jaxvb.latent import _derivatives, _site_derivatives
+
+    y = jnp.array([0.0, 2.0, 5.0])
+    model = jaxvb.LatentGaussian(
+        log_prior=lambda th: -0.5 * jnp.sum(th**2),
+        prior=lambda th: (jnp.zeros(3), jnp.exp(th[0]) * jnp.eye(3)),
+        log_lik=lambda f, y: y * f - jnp.exp(f) + jnp.sin(f),  # not log-concave
+        data=y,
+    )
+    log_lik = lambda f: model.log_lik(f, y)  # noqa: E731
+
+    def via(derivatives):
+        def fn(u):  # u = (mean, log var): a weighted sum of the three expectations
+            f = u[:3] + jnp.exp(0.5 * u[3:]) * jnp.array([[-1.3], [0.2], [0.9]])
+            ll, d1, d2 = jax.vmap(lambda v: derivatives(log_lik, v))(f)
+            return jnp.sum(ll) + 0.3 * jnp.sum(d1**2) - 0.7 * jnp.sum(d2 * f)
+
+        return fn
+
+    u = jnp.array([0.1, -0.4, 1.2, -1.0, 0.3, -0.2])
+    fast, plain = via(_site_derivatives), via(_derivatives)
+    for transform in (
+        jax.grad,
+        jax.jacfwd,
+        jax.hessian,
+        lambda g: jax.jacfwd(jax.hessian(g)),
+    ):
+        np.testing.assert_allclose(transform(fast)(u), transform(plain)(u), rtol=1e-12)
+    # and the model's own expectations, as the engine calls them
+    mean, var = jnp.array([0.2, 0.5, 1.6]), jnp.array([0.3, 1.0, 0.1])
+    ell, d1, d2 = model.site_expectations(mean, var, None)
+    np.testing.assert_allclose(
+        jax.grad(lambda m: jnp.sum(model.site_expectations(m, var, None)[0]))(mean),
+        d1,
+        rtol=1e-12,
+    )
+
+
 @pytest.mark.slow
 def test_q_theta_fits_the_exact_marginal_with_the_ep_target():
     """``q(theta)`` against ``p(theta | y)`` by quadrature (independent Poisson sites,
