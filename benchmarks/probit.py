@@ -895,10 +895,11 @@ def _rerun_speed(out, design, y, settings, args):
         "earlier full run with the same seed and settings",
         date=time.strftime("%Y-%m-%d %H:%M:%S"),
         seconds=time.perf_counter() - t0,
+        # the top-level environment stays the accuracy run's
+        environment=_environment(),
     )
     report["speed"] = speed
     report["targets"] = _targets(speed)
-    report["environment"] = _environment()
     path.write_text(json.dumps(report, indent=2) + "\n")
     print("\nTargets:")
     print(json.dumps(report["targets"], indent=2))

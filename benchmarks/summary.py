@@ -197,7 +197,11 @@ def probit(results: Path) -> list[dict]:
     d = _load(results, "probit")
     at = _recorded(d)
     speed = d["speed"]
-    speed_at = _recorded(d, speed.get("measured_separately", {}).get("date", "")[:10])
+    separately = speed.get("measured_separately", {})
+    speed_at = _recorded(
+        {"environment": separately.get("environment", d.get("environment", {}))},
+        separately.get("date", "")[:10],
+    )
     table, paper, t = d["table"], d["paper"], d["targets"]
     hessian, vbem = table["hessian"], table["vbem"]
     exp = f"Probit, {d['settings']['num_datasets']} data sets (sec. 5)"
