@@ -253,9 +253,9 @@ class FitError(RuntimeError):
       ... except jaxvb.FitError as err:
       ...     print(err)
       ...     result = err.result
-      jaxvb.fit: log_joint was not finite at x = [-0.49...] (first at step 3); ...
+      jaxvb.fit: log_joint was not finite at x = [-0.96...] (first at step 1); ...
       >>> result.q.mean.shape, int(result.first_nonfinite_step)
-      ((1,), 3)
+      ((1,), 1)
     """
 
     def __init__(self, message: str, result: Result):
@@ -288,7 +288,7 @@ def explain(result: Result) -> str:
       ...                 jax.random.key(0), num_steps=20, num_eval_draws=2,
       ...                 on_failure="ignore")
       >>> print(jaxvb.explain(res))
-      log_joint was not finite at x = [-0.49...] (first at step 3); such draws were left
+      log_joint was not finite at x = [-0.96...] (first at step 1); such draws were left
       out. Make sure log_joint is finite on the whole support of the approximating family
       (e.g. use Gamma for a positive parameter, or transform it to the real line).
     """

@@ -91,7 +91,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxvb import _field, _static, linalg
+from jaxvb import _field, _random, _static, linalg
 from jaxvb._algebra import cast_tree, precision_factor, solve_precision
 from jaxvb._laplace import default_tol, laplace_traced, near_mode
 from jaxvb._process import after, jit_fast, jit_once
@@ -826,8 +826,8 @@ class LatentGaussianApproximation(Family):
     def noise(self, key: Array):
         k1, k2 = jax.random.split(key)
         return (
-            jax.random.normal(k1, (self.num_hyper,), self.dtype),
-            jax.random.normal(k2, (self.num_latent,), self.dtype),
+            _random.normal(k1, (self.num_hyper,), self.dtype),
+            _random.normal(k2, (self.num_latent,), self.dtype),
         )
 
     def from_noise(self, noise) -> Array:
@@ -1020,7 +1020,7 @@ def _importance_resample(q, key, n, num_theta, num_f, widen):
         draws of ``q(f | theta)``, and one of the draws picked by its ratio."""
         mu, chol, ops = q.conditional(th)
         k_z, k_j = jax.random.split(key_i)
-        z = jax.random.normal(k_z, (num_field, num_f), q.dtype)
+        z = _random.normal(k_z, (num_field, num_f), q.dtype)
         f = (mu[:, None] + ops.back(chol, z)).T  # (num_f, N)
         log_q_f = 0.5 * (ops.logdet(chol) - num_field * _LOG_2PI) - 0.5 * jnp.sum(z * z, 0)
         m, precision, log_norm = model.prior_of_field(th)

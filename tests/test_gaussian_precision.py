@@ -221,12 +221,10 @@ def test_chunked_diagnostics_equal_unchunked(num_draws):
     for chunk in (1, 7, 50, 100, num_draws - 1):
         part = jaxvb.diagnostics.evaluate(key, q, log_joint, num_draws, chunk_size=chunk)
         for name, a, b in zip(part._fields, part, whole, strict=True):
-            if name == "khat" or name.endswith("_stderr"):
-                # sorted and fitted, or fourth moments fused, in another program:
-                # the last bit
-                np.testing.assert_allclose(a, b, rtol=1e-13)
-            else:
-                np.testing.assert_array_equal(a, b)
+            # the same draws, to the last bit or so: the normals' log and cos (and
+            # k-hat's sort and fit, the fourth moments) run vectorised over another
+            # batch length, where XLA may round a lane apart from the loop's tail
+            np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-16, err_msg=name)
     gamma = jaxvb.Gamma(jnp.array([2.0, 3.0]), jnp.array([1.0, 0.5]))
     target = jaxvb.Gamma(jnp.array([2.5, 3.0]), jnp.array([1.0, 0.7])).log_prob
     a = jaxvb.diagnostics.evaluate(key, gamma, target, num_draws, chunk_size=num_draws)

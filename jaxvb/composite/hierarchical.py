@@ -50,7 +50,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxvb import _field, latent
+from jaxvb import _field, _random, latent
 from jaxvb._algebra import solve_equilibrated
 from jaxvb.families._base import (
     Array,
@@ -351,7 +351,7 @@ class Hierarchical(Family):
         def one(k):
             k_theta, k_f = jax.random.split(k)
             theta = self.draw_scalars(jax.random.split(k_theta, self.num_scalars))
-            z = jax.random.normal(k_f, (dim,), self.dtype)
+            z = _random.normal(k_f, (dim,), self.dtype)
             f, logdet = _field.draw(*g.precision_and_shift(theta), z)
             log_q_f = 0.5 * (logdet - z @ z - dim * math.log(2 * math.pi))
             log_q = jnp.sum(self.log_q_scalars(theta)) + log_q_f

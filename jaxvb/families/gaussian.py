@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
+from jaxvb import _random
 from jaxvb._algebra import precision_factor, solve_precision  # noqa: F401  (re-exported)
 from jaxvb.families._base import (
     Array,
@@ -248,7 +248,7 @@ class Gaussian(ExponentialFamily):
         )
 
     def noise(self, key):
-        return jax.random.normal(key, self.event_shape, self.dtype)
+        return _random.normal(key, self.event_shape, self.dtype)
 
     def from_noise(self, noise):
         # U^{-T} z = chol(cov) z: one triangular solve. Under vmap over draws the batch

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import ndtri
 
+from jaxvb import _random
 from jaxvb.families._base import (
     Array,
     Family,
@@ -261,7 +262,7 @@ class GaussianMixture(Family):
     # array of normals by position), so one component draws exactly as a Gaussian does.
 
     def noise(self, key: Array) -> Array:
-        return jax.random.normal(key, (self.dim + 1,), self.dtype)
+        return _random.normal(key, (self.dim + 1,), self.dtype)
 
     def _label(self, z: Array) -> Array:
         u = jax.scipy.special.erf(jnp.abs(z) / math.sqrt(2.0))
@@ -317,7 +318,7 @@ class GaussianMixture(Family):
         The first ``d`` are those of ``noise(key)`` (so that one component draws
         exactly as a :class:`~jaxvb.Gaussian` does with ``key``); the last is a label.
         """
-        return jax.random.normal(key, (self.num_components * self.dim + 1,), self.dtype)
+        return _random.normal(key, (self.num_components * self.dim + 1,), self.dtype)
 
     def component_draws(self, noise: Array) -> Array:
         """One draw from every component, shape ``(K, d)``, from :meth:`component_noise`."""
