@@ -16,27 +16,42 @@ It is off by default (and in CI) because jaxlib's cache writer crashed an xdist 
 with a segmentation fault in CI (``put_executable_and_time``, several processes writing
 one directory); a test never depends on it. Delete the directory to reclaim the space.
 
+XLA:CPU's concurrency-optimised scheduler is off too
+(``--xla_cpu_enable_concurrency_optimized_scheduler=false``): with it, jaxlib 0.10 can
+run two independent batched LAPACK calls (vmapped Cholesky factorisations, in jaxvb's
+code or a test's model) at once on a 2-core machine, and each waits on the thread pool
+the other holds: the process hangs (``jaxvb._process.after`` orders jaxvb's own; a
+reproducer with two, and one with five, independent factorisations hung within seconds
+with the default schedule and ran 3000 calls without it). A CI run lost a worker this
+way and did not finish within its 90 minutes.
+
 Every test has a time limit (``--timeout`` in pyproject.toml, pytest-timeout): a fit
 that never returns fails its test with a traceback instead of stalling the suite.
+pytest-timeout's thread needs the interpreter lock; a hang that holds it is ended by a
+second watchdog (``faulthandler``, a C thread) a minute later, which prints every
+thread's stack and ends the worker.
 
 Tiers (markers registered in pyproject.toml): ``slow`` for long statistical runs and
 large fits, ``integration`` for notebooks, benchmark quick runs, subprocesses and live
 NUTS runs. ``-m "not slow and not integration"`` is the fast tier.
 """
 
+import faulthandler
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 _FUSION = "--xla_cpu_use_fusion_emitters=false"
+_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
 
 def _xla_knows(flag: str) -> bool:
     """Whether this jaxlib's XLA accepts ``flag`` (an unknown flag in ``XLA_FLAGS`` is
     fatal), tried once in a subprocess; the answer travels in the environment to the
     xdist workers and the subprocesses the tests start."""
-    key = "JAXVB_TEST_XLA_FUSION_FLAG"
+    name = flag.lstrip("-").split("=")[0].upper()
+    key = f"JAXVB_TEST_{name}"
     if key not in os.environ:
         env = dict(os.environ, XLA_FLAGS=flag, JAX_PLATFORMS="cpu")
         code = "import jax.numpy as jnp; jnp.ones(2).sum().block_until_ready()"
@@ -54,7 +69,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "")
     + " --xla_backend_optimization_level=0"
-    + (" " + _FUSION if _xla_knows(_FUSION) else "")
+    + "".join(" " + flag for flag in (_FUSION, _SCHEDULER) if _xla_knows(flag))
 ).strip()
 _CACHE = os.environ.get("JAXVB_TEST_CACHE", "").lower() in ("1", "true", "yes")
 if _CACHE:
@@ -85,6 +100,20 @@ if _CACHE:
 import pytest  # noqa: E402
 
 from jaxvb import _process  # noqa: E402
+
+#: The hard limit of one test, past pytest-timeout's (pyproject.toml: 900 s).
+_HARD_TIMEOUT_S = 960.0
+
+
+@pytest.fixture(autouse=True)
+def _hard_timeout():
+    """End the process where a test outlives pytest-timeout: ``faulthandler``'s
+    watchdog is a C thread, so it fires even where the hang holds the interpreter
+    lock (pytest-timeout's thread cannot then run); it prints every thread's stack to
+    the real stderr (the worker's, which xdist passes on) and exits."""
+    faulthandler.dump_traceback_later(_HARD_TIMEOUT_S, exit=True, file=sys.__stderr__)
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(autouse=True)

@@ -98,7 +98,10 @@ def test_two_batched_factorisations_in_turn_do_not_hang():
     import subprocess
     import sys
 
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    # without the suite's scheduler flag (conftest), which alone avoids the hang here
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    flags = [f for f in flags if "concurrency_optimized_scheduler" not in f]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(flags))
     out = subprocess.run(
         [sys.executable, "-c", _TWO_FACTORISATIONS],
         capture_output=True,
