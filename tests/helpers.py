@@ -1,5 +1,7 @@
 """Comparisons shared by the test modules."""
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -23,3 +25,12 @@ def family_rel_err(q, target):
 def tiered(values, slow=()):
     """``values`` for ``pytest.mark.parametrize``, those in ``slow`` in the slow tier."""
     return [pytest.param(v, marks=pytest.mark.slow) if v in slow else v for v in values]
+
+
+def env_with_xla_schedule(**extra) -> dict:
+    """The environment for a subprocess that tests jaxvb against jaxlib 0.10's hang:
+    the suite's without its scheduler flag (``tests/conftest.py``), which alone keeps
+    the hang away, so that the subprocess runs under XLA's default schedule."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    flags = [f for f in flags if "concurrency_optimized_scheduler" not in f]
+    return dict(os.environ, XLA_FLAGS=" ".join(flags), **extra)

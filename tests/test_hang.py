@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import env_with_xla_schedule
 
 import jaxvb
 from jaxvb._gamma import _MAX_ROUNDS, log_standard_gamma
@@ -119,7 +120,7 @@ def test_gaussian_process_fits_at_once_all_return():
     # other's models.
     pytest.importorskip("numpyro")
     root = pathlib.Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), *sys.path]))
+    env = env_with_xla_schedule(PYTHONPATH=os.pathsep.join([str(root), *sys.path]))
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, str(seed)],

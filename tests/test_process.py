@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import env_with_xla_schedule
 
 import jaxvb
 from jaxvb import _process
@@ -94,14 +95,10 @@ def test_two_batched_factorisations_in_turn_do_not_hang():
     on a 2-core CPU within seconds (both thread-pool threads wait in LAPACK's batch
     split); ordered by ``after`` they run. A subprocess, so that a hang fails the test
     at its timeout instead of stopping the session."""
-    import os
     import subprocess
     import sys
 
-    # without the suite's scheduler flag (conftest), which alone avoids the hang here
-    flags = os.environ.get("XLA_FLAGS", "").split()
-    flags = [f for f in flags if "concurrency_optimized_scheduler" not in f]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(flags))
+    env = env_with_xla_schedule(JAX_PLATFORMS="cpu")
     out = subprocess.run(
         [sys.executable, "-c", _TWO_FACTORISATIONS],
         capture_output=True,
