@@ -987,3 +987,33 @@ def test_q_theta_fits_the_exact_marginal_with_the_ep_target():
             assert errors["ep"] < 0.05, errors
             assert 0.95 < math.sqrt(float(res.q.theta.cov[0, 0])) / sd < 1.05
     assert errors["elbo"] > 2.0 * errors["ep"], errors
+
+
+def test_the_value_regression_starts_from_q0_in_closed_form():
+    """Algorithm 1's ``C_1 = E_q0[t t']`` and ``g_1 = E_q0[t y]`` (``t`` the features of
+    the whitened draw, ``y = L(mean) + log q0 - log q0(mean)``) in closed form, against a
+    Gauss-Hermite product rule of 3 nodes a dimension (exact for these degree-4
+    moments), with ``q(theta)``'s mean and covariance away from the frame's centre and
+    factor; and the fit of ``g_1`` by ``C_1`` is ``q0`` itself."""
+    from jaxvb.families._base import build
+    from jaxvb.latent import _quadratic_features, _quadratic_fit, _value_init, _whiten
+
+    _, q0, _ = _trend_model().start(jnp.zeros(2))
+    cov = jnp.array([[0.3, -0.1], [-0.1, 0.2]])
+    theta = jaxvb.Gaussian(jnp.array([0.4, -0.7]), cov)
+    fields = {f.name: getattr(q0, f.name) for f in dataclasses.fields(q0)}
+    q0 = build(type(q0), **dict(fields, theta=theta))
+    init = _value_init(q0, ep=True)
+    nodes, weights = np.polynomial.hermite_e.hermegauss(3)
+    z = np.stack(np.meshgrid(nodes, nodes, indexing="ij"), -1).reshape(-1, 2)
+    w = np.outer(weights, weights).reshape(-1) / weights.sum() ** 2
+    x = theta.mean + z @ np.linalg.cholesky(np.asarray(cov)).T
+    t = np.stack([np.asarray(_quadratic_features(_whiten(q0, xi))) for xi in x])
+    value = jaxvb.latent._target(q0.model, q0.site_precision, q0.site_shift, theta.mean)[0]
+    y = float(value) - 0.5 * np.sum(z**2, axis=1)
+    np.testing.assert_allclose(init["C"], (t * w[:, None]).T @ t, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(init["gv"], (t * (w * y)[:, None]).sum(0), rtol=1e-12)
+    precision, grad = _quadratic_fit(init["C"], init["gv"], q0.theta_frame)
+    np.testing.assert_allclose(precision, np.linalg.inv(np.asarray(cov)), rtol=1e-10)
+    mean = q0.theta_centre + jnp.linalg.solve(precision, grad)
+    np.testing.assert_allclose(mean, theta.mean, rtol=1e-10)
