@@ -35,11 +35,12 @@ one-dimensional site expectations by Gauss-Hermite quadrature, no Monte Carlo):
                  - b_t f_t + a_t f_t^2 / 2],
       Z(theta) = ∫ N(f | m, Q^{-1}) exp(b'f - f' diag(a) f / 2) df   (closed form),
 
-  so that ``ELBO = E_q(theta)[L(theta)] + H[q(theta)]``; its values, regressed on
-  the Gaussian's sufficient statistics of the draws of ``theta`` (the paper's
-  Algorithm 1), give ``q(theta)`` (or its gradients, regressed on the draws, sec. 5.2,
-  or the Hessian at each draw, as in Algorithm 2: :func:`latent_gaussian`'s
-  ``hessian``). By default each site's
+  so that ``ELBO = E_q(theta)[L(theta)] + H[q(theta)]``; its gradient (reverse mode
+  through the factorisation), regressed on the draws of ``theta`` (the paper's
+  gradient regression, sec. 5.2), gives ``q(theta)``; where the factorisation is
+  costly, its values instead (the paper's Algorithm 1, no reverse pass), or the
+  Hessian at each draw, as in Algorithm 2 (:func:`latent_gaussian`'s ``hessian``).
+  By default each site's
   ``E[log r_t]`` (``r_t = p(y_t|f_t) / exp(b_t f_t - a_t f_t^2 / 2)``) is replaced by
   ``log E[r_t]``: expectation propagation's approximation of ``log p(y, theta)`` at
   these sites, not a bound, but without the ELBO's gap ``KL(q(f | theta) || p(f |
@@ -830,6 +831,15 @@ class LatentGaussianApproximation(Family):
         )
         return self.theta.is_proper & ops.is_pd(chol) & finite
 
+    @property
+    def natural_params(self) -> Array:
+        """``q(theta)``'s natural parameters, then the sites' ``(b, -a / 2)`` (the
+        natural parameters of ``exp(b f - a f^2 / 2)``): what ``fit(...,
+        trace=True)`` records per step."""
+        return jnp.concatenate(
+            [self.theta.natural_params, self.site_shift, -0.5 * self.site_precision]
+        )
+
     def noise(self, key: Array):
         k1, k2 = jax.random.split(key)
         return (
@@ -1065,9 +1075,9 @@ def _importance_resample(q, key, n, num_theta, num_f, widen):
 
 
 @functools.cache
-def latent_gaussian(hessian: str = "values", target: str = "ep") -> Method:
-    """Algorithm 1 for ``q(theta)``, Algorithm 2 for the Gaussian sites of ``q(f |
-    theta)``.
+def latent_gaussian(hessian: str | None = None, target: str = "ep") -> Method:
+    """Stochastic linear regression for ``q(theta)`` and Algorithm 2 for the Gaussian
+    sites of ``q(f | theta)``.
 
     The default method of :class:`LatentGaussianApproximation`. Each step draws one
     ``theta`` from ``q(theta)`` and computes, exactly for that draw (``f`` integrated
@@ -1094,33 +1104,41 @@ def latent_gaussian(hessian: str = "values", target: str = "ep") -> Method:
         Algorithm 2's either way; the result's ELBO is that of the fitted ``q``), at
         the cost of one more pass of the site likelihood over the quadrature nodes; for
         Gaussian observations the two agree (every gap is zero).
-      hessian: how the precision ``P`` of ``q(theta)`` comes from ``L``.
-        ``"values"`` (default; the paper's Algorithm 1, section 3): each draw's value
-        ``L(theta)`` is regressed on the Gaussian's sufficient statistics ``(1, u, u_i
-        u_j)`` of the whitened draw ``u = F^{-1} (theta - c)`` (``c`` and ``F`` fixed
-        at the start: ``theta_centre``, ``theta_frame``), ``L ~ beta_0 + beta' u +
-        u' H u / 2``, ``P = -F^{-T} H F^{-1}``; no gradient at all, so a step costs one
-        pass of the value (the sites' statistics come from the same pass), exact to
-        round-off where ``L`` is quadratic (Algorithm 1's property: the target is then
-        in the family). ``"regression"`` (section 5.2 with the gradient as the
-        response): the averaged gradients are regressed on the draws, ``grad L ~ g +
-        B (theta - z)``, ``P = -B`` (symmetrised), ``m = z + P^{-1} g``: one gradient
-        per draw (reverse mode through the factorisation, ~2.6 passes of the value's
-        cost on top of it), also exact where ``L`` is quadratic. On the three
-        posteriors of ``benchmarks/latent_gaussian.py`` the two give ``q(theta)`` within
-        each other's key-to-key spread (250 steps: hyperparameter means within 0.01
-        NUTS sd of each other on the LGCP and GLMM, 0.03 on the SV series); 250 steps
-        without diagnostics took 1.8 s against 4.9 s on the LGCP (``T = 400``,
-        bandwidth 40, on a slow 2-core machine), 0.65 against 0.97 s on the SV
-        series, 0.12 against 0.13 s on the GLMM (a diagonal prior, where the
-        factorisation costs little). The other choices form the Hessian at each
-        draw, ``P = -E hess L``, ``m = z + P^{-1} E grad L``: ``"forward"``: forward
-        differences of the exact gradient along each hyperparameter, steps
-        ``sqrt(eps)`` times its sd under ``q(theta)``, ``k + 1`` gradients (relative
-        error ~1e-8 in float64, ~3e-4 in float32); ``"central"``: central
-        differences, ``2k + 1`` gradients, error ~1e-10; ``"autodiff"``: forward over
-        reverse mode, exact, but through the scans it costs ~35 gradients on XLA:CPU
-        (6.3 ms against 0.18 ms for a gradient at ``T = 945``, ``k = 3``).
+      hessian: how the precision ``P`` of ``q(theta)`` comes from ``L``. ``None``
+        (default): ``"values"`` where each draw's factorisation of ``q(f | theta)``
+        is a costly one (``factors_per_draw``: dense, or banded with ``w >= 4``, of
+        ``1e5`` flops or more), else ``"regression"``.
+        ``"regression"`` (section 5.2 with the gradient as the response): the
+        averaged gradients are regressed on the draws, ``grad L ~ g + B (theta -
+        z)``, ``P = -B`` (symmetrised), ``m = z + P^{-1} g``: one gradient per draw
+        (reverse mode through the factorisation), exact to round-off where ``L`` is
+        quadratic. ``"values"`` (the paper's Algorithm 1, section 3): no gradient;
+        ``L`` at the draw and at ``q(theta)``'s mean (one vmapped pass, the same
+        sites) and their difference regressed on the differences of the Gaussian's
+        sufficient statistics ``(u, u_i u_j)`` of the whitened points ``u = F^{-1}
+        (theta - c)`` (``c``, ``F`` fixed at the start: ``theta_centre``,
+        ``theta_frame``), ``L(theta) - L(mean) ~ beta' du + sum beta_ij d(u_i u_j)``,
+        ``P = -F^{-T} H F^{-1}``; also exact where ``L`` is quadratic. The
+        difference matters: ``L``'s level moves with the sites from step to step,
+        by O(T) nats early on, against an O(1) quadratic over ``q(theta)``; the
+        values alone, regressed with an intercept, gave improper or far-off fits on a
+        simulated SV series of ``T = 10^4`` (1 of 3 keys in 20 steps, 1 of 4 in 250),
+        the differences none (4 of 4 in 20 and in 250 steps, within the gradient
+        regression's key-to-key spread). Its cost, two values, against the
+        gradient's ~3.6 values through blocked scans: measured with 250 steps, no
+        diagnostics, on a slow 2-core machine, 2.98 s against 4.52 s on the LGCP of
+        ``benchmarks/latent_gaussian.py`` (banded, ``w = 40``), but 0.167 against
+        0.150 s on its GLMM (a diagonal prior) and 0.89 against 0.86 s on its SV series
+        (tridiagonal), where a gradient costs little more than a value: hence the
+        default. ``q(theta)`` agreed within the key-to-key spread on all three. The
+        other choices form the Hessian at each draw, ``P = -E hess L``, ``m = z +
+        P^{-1} E grad L``: ``"forward"``: forward differences of the exact gradient
+        along each hyperparameter, steps ``sqrt(eps)`` times its sd under
+        ``q(theta)``, ``k + 1`` gradients (relative error ~1e-8 in float64, ~3e-4 in
+        float32); ``"central"``: central differences, ``2k + 1`` gradients, error
+        ~1e-10; ``"autodiff"``: forward over reverse mode, exact, but through the
+        scans it costs ~35 gradients on XLA:CPU (6.3 ms against 0.18 ms for a
+        gradient at ``T = 945``, ``k = 3``).
 
     Example:
       >>> import jaxvb
@@ -1128,19 +1146,24 @@ def latent_gaussian(hessian: str = "values", target: str = "ep") -> Method:
       'latent_gaussian'
     """
 
-    if hessian not in ("forward", "central", "autodiff", "regression", "values"):
+    if hessian not in (None, "forward", "central", "autodiff", "regression", "values"):
         raise ValueError(
-            "hessian must be 'forward', 'central', 'autodiff', 'regression' or 'values', "
-            f"got {hessian!r}"
+            "hessian must be None, 'forward', 'central', 'autodiff', 'regression' or "
+            f"'values', got {hessian!r}"
         )
     if target not in ("ep", "elbo"):
         raise ValueError(f"target must be 'ep' or 'elbo', got {target!r}")
-    regression = hessian == "regression"
-    values = hessian == "values"
     ep = target == "ep"
+
+    def mode(q) -> str:
+        # a static choice (the model's structure), the same in init, estimate and solve
+        if hessian is not None:
+            return hessian
+        return "values" if q.factors_per_draw else "regression"
 
     def init(key, q0, log_joint):
         del key, log_joint
+        regression, values = mode(q0) == "regression", mode(q0) == "values"
         theta = q0.theta
         mu, _, _ = q0.conditional(theta.mean)
         a = q0.site_precision
@@ -1161,6 +1184,7 @@ def latent_gaussian(hessian: str = "values", target: str = "ep") -> Method:
 
     def estimate(noise, q, log_joint):
         del log_joint
+        regression, values = mode(q) == "regression", mode(q) == "values"
         z_theta, z_f = noise
         theta = q.theta.from_noise(z_theta)
         model = q.model
@@ -1169,20 +1193,27 @@ def latent_gaussian(hessian: str = "values", target: str = "ep") -> Method:
             return _target(model, q.site_precision, q.site_shift, th, ep)
 
         if values:
-            value, aux = target_fn(theta)
-            t = _quadratic_features(_whiten(q, theta))
-            stats = dict(C=jnp.outer(t, t), gv=t * value)
+            # L at the draw and at q(theta)'s mean, with the same sites: their
+            # difference has no level, which moves with the sites from step to step
+            # (by O(T) nats early on) and would swamp the O(1) quadratic
+            points = jnp.stack([theta, q.theta.mean])
+            both, aux = jax.vmap(target_fn)(points)
+            value = both[0]
+            aux = jax.tree_util.tree_map(lambda v: v[0], aux)
+            t = jax.vmap(lambda th: _quadratic_features(_whiten(q, th)))(points)
+            t = t[0, 1:] - t[1, 1:]
+            stats = dict(C=jnp.outer(t, t), gv=t * (both[0] - both[1]))
         elif regression:
             (value, aux), grad = jax.value_and_grad(target_fn, has_aux=True)(theta)
             d = theta - q.theta_centre
             stats = dict(GX=jnp.outer(grad, d), XX=jnp.outer(d, d), g=grad, z=d)
         else:
-            if hessian == "autodiff":
+            if mode(q) == "autodiff":
                 value, grad, hess, aux = _value_grad_hessian_aux(target_fn)(theta)
             else:
                 sd = jnp.sqrt(jnp.diagonal(q.theta.cov))
                 value, grad, hess, aux = _value_grad_hessian_differences(
-                    target_fn, theta, sd, central=hessian == "central"
+                    target_fn, theta, sd, central=mode(q) == "central"
                 )
             stats = dict(P=-hess, g=grad, z=theta)
         eta, var, mu, chol, d1, d2 = aux
@@ -1192,6 +1223,7 @@ def latent_gaussian(hessian: str = "values", target: str = "ep") -> Method:
 
     def solve(stats, q, log_joint):
         del log_joint
+        regression, values = mode(q) == "regression", mode(q) == "values"
         if values:
             precision, g = _quadratic_fit(stats["C"], stats["gv"], q.theta_frame)
             centre = q.theta_centre
@@ -1262,14 +1294,14 @@ def _quadratic_fit(c: Array, g: Array, frame: Array) -> tuple[Array, Array]:
     k = frame.shape[-1]
     beta = jnp.linalg.solve(c, g)
     i, j = np.triu_indices(k)
-    b = beta[1 + k :]
+    b = beta[k:]
     h = jnp.zeros((k, k), c.dtype).at[i, j].add(b).at[j, i].add(b)  # 2 b_ii on the diagonal
 
     def back(m):  # F^{-T} m
         return jax.scipy.linalg.solve_triangular(frame.T, m, lower=False)
 
     precision = -back(back(h).T)
-    return 0.5 * (precision + precision.T), back(beta[1 : 1 + k])
+    return 0.5 * (precision + precision.T), back(beta[:k])
 
 
 def _gaussian_moments(k: int) -> np.ndarray:
@@ -1323,15 +1355,19 @@ def _value_init(q0: LatentGaussianApproximation, ep: bool) -> dict:
         q0.theta_frame, jnp.linalg.cholesky(theta.cov), lower=True
     )
     r = _quadratic_map(shift, lin)
-    c_z = jnp.asarray(_gaussian_moments(k), dtype)
-    value, _ = _target(q0.model, q0.site_precision, q0.site_shift, theta.mean, ep)
-    # log q0 - log q0(mean) + L(mean) = L(mean) - |z|^2 / 2 in z's features
+    c_z = _gaussian_moments(k)
+    # the differences t(z) - t(0): E[(t - e_0)(t - e_0)'] (t_0 = 1, so e_0's terms
+    # cancel all but the intercept's, which is 0)
+    e0 = np.eye(len(c_z))[0]
+    d_z = jnp.asarray(c_z - np.outer(e0, c_z[0]) - np.outer(c_z[0], e0) + np.outer(e0, e0))
+    d_z = d_z.astype(dtype)
+    # log q0 - log q0(mean) = -|z|^2 / 2 in z's features
     i, j = np.triu_indices(k)
     eta_z = jnp.concatenate(
-        [value[None], jnp.zeros((k,), dtype), jnp.asarray(-0.5 * (i == j), dtype)]
+        [jnp.zeros((1 + k,), dtype), jnp.asarray(-0.5 * (i == j), dtype)]
     )
-    c = r @ c_z @ r.T
-    return dict(C=c, gv=r @ (c_z @ eta_z))
+    c = r @ d_z @ r.T
+    return dict(C=c[1:, 1:], gv=(r @ (d_z @ eta_z))[1:])
 
 
 def _value_grad_hessian_differences(fn, x, scale, *, central: bool):

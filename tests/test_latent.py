@@ -212,7 +212,7 @@ def test_hessian_by_autodiff_is_exact_too():
     mean, var, _ = _exact()
     np.testing.assert_allclose(res.q.theta.mean, [mean], rtol=1e-10)
     np.testing.assert_allclose(res.q.theta.cov, [[var]], rtol=1e-10)
-    with pytest.raises(ValueError, match="hessian must be 'forward', 'central', 'autod"):
+    with pytest.raises(ValueError, match="hessian must be None, 'forward', 'central'"):
         jaxvb.latent.latent_gaussian(hessian="exact")
 
 
@@ -990,11 +990,12 @@ def test_q_theta_fits_the_exact_marginal_with_the_ep_target():
 
 
 def test_the_value_regression_starts_from_q0_in_closed_form():
-    """Algorithm 1's ``C_1 = E_q0[t t']`` and ``g_1 = E_q0[t y]`` (``t`` the features of
-    the whitened draw, ``y = L(mean) + log q0 - log q0(mean)``) in closed form, against a
-    Gauss-Hermite product rule of 3 nodes a dimension (exact for these degree-4
-    moments), with ``q(theta)``'s mean and covariance away from the frame's centre and
-    factor; and the fit of ``g_1`` by ``C_1`` is ``q0`` itself."""
+    """Algorithm 1's ``C_1 = E_q0[d d']`` and ``g_1 = E_q0[d y]`` (``d = t(u) - t(u_m)``
+    the differences of the whitened draw's features from the mean's, ``y = log q0 -
+    log q0(mean)``) in closed form, against a Gauss-Hermite product rule of 3 nodes a
+    dimension (exact for these degree-4 moments), with ``q(theta)``'s mean and
+    covariance away from the frame's centre and factor; and the fit of ``g_1`` by
+    ``C_1`` is ``q0`` itself."""
     from jaxvb.families._base import build
     from jaxvb.latent import _quadratic_features, _quadratic_fit, _value_init, _whiten
 
@@ -1008,12 +1009,53 @@ def test_the_value_regression_starts_from_q0_in_closed_form():
     z = np.stack(np.meshgrid(nodes, nodes, indexing="ij"), -1).reshape(-1, 2)
     w = np.outer(weights, weights).reshape(-1) / weights.sum() ** 2
     x = theta.mean + z @ np.linalg.cholesky(np.asarray(cov)).T
-    t = np.stack([np.asarray(_quadratic_features(_whiten(q0, xi))) for xi in x])
-    value = jaxvb.latent._target(q0.model, q0.site_precision, q0.site_shift, theta.mean)[0]
-    y = float(value) - 0.5 * np.sum(z**2, axis=1)
-    np.testing.assert_allclose(init["C"], (t * w[:, None]).T @ t, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(init["gv"], (t * (w * y)[:, None]).sum(0), rtol=1e-12)
+    features = lambda th: np.asarray(_quadratic_features(_whiten(q0, th)))[1:]  # noqa: E731
+    d = np.stack([features(xi) for xi in x]) - features(theta.mean)
+    y = -0.5 * np.sum(z**2, axis=1)
+    np.testing.assert_allclose(init["C"], (d * w[:, None]).T @ d, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        init["gv"], (d * (w * y)[:, None]).sum(0), rtol=1e-12, atol=1e-12
+    )
     precision, grad = _quadratic_fit(init["C"], init["gv"], q0.theta_frame)
     np.testing.assert_allclose(precision, np.linalg.inv(np.asarray(cov)), rtol=1e-10)
     mean = q0.theta_centre + jnp.linalg.solve(precision, grad)
     np.testing.assert_allclose(mean, theta.mean, rtol=1e-10)
+
+
+def test_the_default_regresses_values_only_where_the_factorisation_is_costly():
+    """``hessian=None``: ``"values"`` for a blocked banded ``q(f | theta)`` (``w = 40``,
+    ``T = 400``: ``theta_frame``'s statistics ``C``, ``gv``), the gradient regression
+    (``GX``, ``XX``) for the tridiagonal conjugate model; an explicit choice wins."""
+    method = jaxvb.latent.latent_gaussian()
+    _, small, _ = _model(True).start(jnp.zeros(1))
+    assert not small.factors_per_draw
+    assert {"GX", "XX"} <= set(method.init(KEY, small, None))
+    t, w = 400, 40
+    ab = jnp.zeros((w + 1, t)).at[0].set(2.0).at[w].set(-0.5)
+    costly = jaxvb.LatentGaussian(
+        log_prior=lambda th: -0.5 * jnp.sum(th**2),
+        prior=lambda th: (jnp.zeros(t), Banded(jnp.exp(th[0]) * ab)),
+        log_lik=lambda f, y: -0.5 * (y - f) ** 2,
+        data=jnp.zeros(t),
+    )
+    _, q0, _ = costly.start(jnp.zeros(1))
+    assert q0.factors_per_draw
+    assert {"C", "gv"} <= set(method.init(KEY, q0, None))
+    forced = jaxvb.latent.latent_gaussian(hessian="regression").init(KEY, q0, None)
+    assert {"GX", "XX"} <= set(forced)
+
+
+def test_a_trace_records_q_theta_and_the_sites_per_step():
+    """``trace=True`` (it had failed: the family had no ``natural_params``): per step
+    ``q(theta)``'s natural parameters, then the sites' ``(b, -a / 2)``; on the conjugate
+    model every iterate is the exact posterior, so the last row is the result's (the
+    result is the second half's average, not the last iterate: equal to round-off)."""
+    res = jaxvb.fit(_model(True), jnp.zeros(1), KEY, num_steps=20, trace=True)
+    q = res.q
+    assert res.trace.natural_params.shape == (20, 2 + 2 * T)
+    np.testing.assert_allclose(
+        res.trace.natural_params[-1],
+        np.concatenate([q.theta.natural_params, q.site_shift, -0.5 * q.site_precision]),
+        rtol=1e-8,
+    )
+    assert bool(np.all(res.trace.proper))
