@@ -94,7 +94,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxvb import _field, _random, _static, linalg
-from jaxvb._algebra import cast_tree, precision_factor, solve_precision
+from jaxvb._algebra import cast_tree, precision_factor, solve_gram, solve_precision
 from jaxvb._laplace import default_tol, laplace_traced, near_mode
 from jaxvb._process import after, jit_fast, jit_once
 from jaxvb.families._base import (
@@ -105,7 +105,7 @@ from jaxvb.families._base import (
     register_dataclass,
     register_family,
 )
-from jaxvb.families.gaussian import Gaussian
+from jaxvb.families.gaussian import Gaussian, _unpack_precision
 from jaxvb.methods._base import Method
 from jaxvb.methods._registry import register
 
@@ -1170,7 +1170,7 @@ def latent_gaussian(hessian: str | None = None, target: str = "ep") -> Method:
         eta = _field.project(mu, q0.model.design, a.shape[-1])
         sites = dict(A=a, G=q0.site_shift - a * eta, Z=eta)
         if values:
-            return dict(**_value_init(q0, ep), **sites)
+            return dict(**_value_init(q0), **sites)
         if regression:
             # q0's own pseudo-draws, about the fixed centre c (q0's mean): the gradient
             # of its quadratic, -P0 (theta - m0), gives E[g d'] = -P0 cov0 = -I
@@ -1200,8 +1200,8 @@ def latent_gaussian(hessian: str | None = None, target: str = "ep") -> Method:
             both, aux = jax.vmap(target_fn)(points)
             value = both[0]
             aux = jax.tree_util.tree_map(lambda v: v[0], aux)
-            t = jax.vmap(lambda th: _quadratic_features(_whiten(q, th)))(points)
-            t = t[0, 1:] - t[1, 1:]
+            t = jax.vmap(lambda th: q.theta.sufficient_stats(_whiten(q, th)))(points)
+            t = t[0] - t[1]
             stats = dict(C=jnp.outer(t, t), gv=t * (both[0] - both[1]))
         elif regression:
             (value, aux), grad = jax.value_and_grad(target_fn, has_aux=True)(theta)
@@ -1225,7 +1225,7 @@ def latent_gaussian(hessian: str | None = None, target: str = "ep") -> Method:
         del log_joint
         regression, values = mode(q) == "regression", mode(q) == "values"
         if values:
-            precision, g = _quadratic_fit(stats["C"], stats["gv"], q.theta_frame)
+            precision, g = _fit_in_frame(stats["C"], stats["gv"], q.theta_frame)
             centre = q.theta_centre
             stats = dict(stats, g=g)
         elif regression:
@@ -1279,95 +1279,41 @@ def _whiten(q: LatentGaussianApproximation, theta: Array) -> Array:
     )
 
 
-def _quadratic_features(u: Array) -> Array:
-    """``t(u) = (1, u, u_i u_j for i <= j)``: the sufficient statistics of a Gaussian
-    over ``u``, intercept first (``1 + k + k (k + 1) / 2`` of them)."""
-    i, j = np.triu_indices(u.shape[-1])
-    return jnp.concatenate([jnp.ones((1,), u.dtype), u, u[i] * u[j]])
+def _in_frame(q: LatentGaussianApproximation) -> Gaussian:
+    """``q(theta)`` as a Gaussian over ``u = F^{-1} (theta - c)``: precision ``F' P F``,
+    whose factor is ``F' U`` (both upper triangular, positive diagonals)."""
+    theta = q.theta
+    return build(
+        Gaussian,
+        mean=_whiten(q, theta.mean),
+        precision_factor=q.theta_frame.T @ theta.precision_factor,
+    )
 
 
-def _quadratic_fit(c: Array, g: Array, frame: Array) -> tuple[Array, Array]:
-    """``(P, grad)`` in ``theta``'s coordinates of the least-squares quadratic ``beta
-    = C^{-1} g`` in ``u``'s, ``L ~ beta_0 + beta_u' u + sum_{i <= j} beta_ij u_i u_j``:
-    ``P = -F^{-T} H F^{-1}`` (``H`` its Hessian in ``u``, ``F`` the frame) and its
-    gradient at the centre, ``F^{-T} beta_u``."""
+def _fit_in_frame(c: Array, g: Array, frame: Array) -> tuple[Array, Array]:
+    """``(P, P (m - c))`` in ``theta``'s coordinates of the Gaussian over ``u`` whose
+    natural parameters ``eta = (P_u m_u, P_u's upper triangle)`` (those of
+    :class:`jaxvb.Gaussian`) solve ``C eta = g``: ``P = F^{-T} P_u F^{-1}``, ``P (m -
+    c) = F^{-T} P_u m_u``. NaN where ``C`` is singular (``fit`` flags it)."""
     k = frame.shape[-1]
-    beta = jnp.linalg.solve(c, g)
-    i, j = np.triu_indices(k)
-    b = beta[k:]
-    h = jnp.zeros((k, k), c.dtype).at[i, j].add(b).at[j, i].add(b)  # 2 b_ii on the diagonal
+    eta = solve_gram(c, g)
 
     def back(m):  # F^{-T} m
         return jax.scipy.linalg.solve_triangular(frame.T, m, lower=False)
 
-    precision = -back(back(h).T)
-    return 0.5 * (precision + precision.T), back(beta[:k])
+    precision = back(back(_unpack_precision(eta[k:], k)).T)
+    return 0.5 * (precision + precision.T), back(eta[:k])
 
 
-def _gaussian_moments(k: int) -> np.ndarray:
-    """``E[t(z) t(z)']`` for ``z ~ N(0, I_k)`` (:func:`_quadratic_features`; Isserlis:
-    ``E[z_a z_b z_c z_d] = d_ab d_cd + d_ac d_bd + d_ad d_bc``, odd moments 0)."""
-    i, j = np.triu_indices(k)
-    eye = np.eye(k)
-    m = 1 + k + len(i)
-    out = np.zeros((m, m))
-    out[0, 0] = 1.0
-    out[0, 1 + k :] = out[1 + k :, 0] = eye[i, j]
-    out[1 : 1 + k, 1 : 1 + k] = eye
-    a, b = i[:, None], j[:, None]
-    c, d = i[None, :], j[None, :]
-    out[1 + k :, 1 + k :] = (
-        eye[a, b] * eye[c, d] + eye[a, c] * eye[b, d] + eye[a, d] * eye[b, c]
-    )
-    return out
-
-
-def _quadratic_map(shift: Array, lin: Array) -> Array:
-    """``R`` with ``t(shift + lin z) = R t(z)`` (:func:`_quadratic_features`): the
-    features of an affine map of ``z`` are linear in ``z``'s."""
-    k = shift.shape[-1]
-    i, j = np.triu_indices(k)
-    m = 1 + k + len(i)
-    r = jnp.zeros((m, m), shift.dtype).at[0, 0].set(1.0)
-    r = r.at[1 : 1 + k, 0].set(shift).at[1 : 1 + k, 1 : 1 + k].set(lin)
-    # u_p u_q = s_p s_q + s_p (lin z)_q + s_q (lin z)_p + sum_ab lin_pa lin_qb z_a z_b
-    p, q = i, j
-    r = r.at[1 + k :, 0].set(shift[p] * shift[q])
-    r = r.at[1 + k :, 1 : 1 + k].set(shift[p, None] * lin[q] + shift[q, None] * lin[p])
-    quad = lin[p][:, :, None] * lin[q][:, None, :]  # (rows, a, b)
-    quad = quad + jnp.swapaxes(quad, 1, 2)
-    a, b = i, j
-    coef = jnp.where(a == b, 0.5, 1.0) * quad[:, a, b]  # z_a z_b, a <= b, once
-    return r.at[1 + k :, 1 + k :].set(coef)
-
-
-def _value_init(q0: LatentGaussianApproximation, ep: bool) -> dict:
-    """Algorithm 1's ``C_1 = E_q0[t t']`` and ``g_1 = C_1 eta_1`` (``t`` the features
-    of ``u``, ``eta_1`` the coefficients of ``log q0(theta)`` shifted to equal
-    ``L`` at ``q0``'s mean), in closed form: ``u = a + B z`` with ``z`` standard
-    normal under ``q0``, so ``t(u) = R t(z)`` and ``E[t t'] = R E[t(z) t(z)'] R'``
-    (at the start ``a = 0``, ``B = I``)."""
-    theta = q0.theta
-    k = theta.mean.shape[-1]
-    dtype = theta.mean.dtype
-    shift = _whiten(q0, theta.mean)
-    lin = jax.scipy.linalg.solve_triangular(
-        q0.theta_frame, jnp.linalg.cholesky(theta.cov), lower=True
-    )
-    r = _quadratic_map(shift, lin)
-    c_z = _gaussian_moments(k)
-    # the differences t(z) - t(0): E[(t - e_0)(t - e_0)'] (t_0 = 1, so e_0's terms
-    # cancel all but the intercept's, which is 0)
-    e0 = np.eye(len(c_z))[0]
-    d_z = jnp.asarray(c_z - np.outer(e0, c_z[0]) - np.outer(c_z[0], e0) + np.outer(e0, e0))
-    d_z = d_z.astype(dtype)
-    # log q0 - log q0(mean) = -|z|^2 / 2 in z's features
-    i, j = np.triu_indices(k)
-    eta_z = jnp.concatenate(
-        [jnp.zeros((1 + k,), dtype), jnp.asarray(-0.5 * (i == j), dtype)]
-    )
-    c = r @ d_z @ r.T
-    return dict(C=c[1:, 1:], gv=(r @ (d_z @ eta_z))[1:])
+def _value_init(q0: LatentGaussianApproximation) -> dict:
+    """Algorithm 1's ``C_1 = E_q0[d d']`` and ``g_1 = C_1 eta_1`` for the differences
+    ``d = T(u) - T(u_m)`` of the Gaussian's statistics from the mean's (``eta_1``
+    ``q0``'s natural parameters over ``u``, since ``log q0(theta) - log q0(mean) =
+    eta_1' d``), in closed form: ``C_1 = Cov[T] + (E T - T(u_m))(E T - T(u_m))'``."""
+    q_u = _in_frame(q0)
+    shift = q_u.mean_sufficient_stats - q_u.sufficient_stats(q_u.mean)
+    c = q_u.fisher_information + jnp.outer(shift, shift)
+    return dict(C=c, gv=c @ q_u.natural_params)
 
 
 def _value_grad_hessian_differences(fn, x, scale, *, central: bool):

@@ -990,33 +990,33 @@ def test_q_theta_fits_the_exact_marginal_with_the_ep_target():
 
 
 def test_the_value_regression_starts_from_q0_in_closed_form():
-    """Algorithm 1's ``C_1 = E_q0[d d']`` and ``g_1 = E_q0[d y]`` (``d = t(u) - t(u_m)``
-    the differences of the whitened draw's features from the mean's, ``y = log q0 -
-    log q0(mean)``) in closed form, against a Gauss-Hermite product rule of 3 nodes a
-    dimension (exact for these degree-4 moments), with ``q(theta)``'s mean and
-    covariance away from the frame's centre and factor; and the fit of ``g_1`` by
+    """Algorithm 1's ``C_1 = E_q0[d d']`` and ``g_1 = E_q0[d y]`` (``d = T(u) - T(u_m)``
+    the differences of the Gaussian's statistics of the whitened draw from the mean's,
+    ``y = log q0 - log q0(mean)``) in closed form, against a Gauss-Hermite product rule
+    of 3 nodes a dimension (exact for these degree-4 moments), with ``q(theta)``'s mean
+    and covariance away from the frame's centre and factor; and the fit of ``g_1`` by
     ``C_1`` is ``q0`` itself."""
     from jaxvb.families._base import build
-    from jaxvb.latent import _quadratic_features, _quadratic_fit, _value_init, _whiten
+    from jaxvb.latent import _fit_in_frame, _value_init, _whiten
 
     _, q0, _ = _trend_model().start(jnp.zeros(2))
     cov = jnp.array([[0.3, -0.1], [-0.1, 0.2]])
     theta = jaxvb.Gaussian(jnp.array([0.4, -0.7]), cov)
     fields = {f.name: getattr(q0, f.name) for f in dataclasses.fields(q0)}
     q0 = build(type(q0), **dict(fields, theta=theta))
-    init = _value_init(q0, ep=True)
+    init = _value_init(q0)
     nodes, weights = np.polynomial.hermite_e.hermegauss(3)
     z = np.stack(np.meshgrid(nodes, nodes, indexing="ij"), -1).reshape(-1, 2)
     w = np.outer(weights, weights).reshape(-1) / weights.sum() ** 2
     x = theta.mean + z @ np.linalg.cholesky(np.asarray(cov)).T
-    features = lambda th: np.asarray(_quadratic_features(_whiten(q0, th)))[1:]  # noqa: E731
+    features = lambda th: np.asarray(theta.sufficient_stats(_whiten(q0, th)))  # noqa: E731
     d = np.stack([features(xi) for xi in x]) - features(theta.mean)
     y = -0.5 * np.sum(z**2, axis=1)
     np.testing.assert_allclose(init["C"], (d * w[:, None]).T @ d, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(
         init["gv"], (d * (w * y)[:, None]).sum(0), rtol=1e-12, atol=1e-12
     )
-    precision, grad = _quadratic_fit(init["C"], init["gv"], q0.theta_frame)
+    precision, grad = _fit_in_frame(init["C"], init["gv"], q0.theta_frame)
     np.testing.assert_allclose(precision, np.linalg.inv(np.asarray(cov)), rtol=1e-10)
     mean = q0.theta_centre + jnp.linalg.solve(precision, grad)
     np.testing.assert_allclose(mean, theta.mean, rtol=1e-10)
