@@ -537,6 +537,25 @@ class _Shifted:
         return lambda x: estimate(x) - self.offset
 
 
+class _Centred:
+    """``log p(x) - offset`` in ``dtype``, for the diagnostics; with the model's
+    ``log_joint_given`` where it has one (:meth:`jaxvb.LatentGaussian.log_joint_given`:
+    the pairs of draws of :meth:`jaxvb.latent.LatentGaussianApproximation.paired_draws`
+    share the prior's factorisation)."""
+
+    def __init__(self, log_joint, offset, dtype):
+        self.log_joint, self.offset, self.dtype = log_joint, offset, dtype
+        if callable(getattr(log_joint, "log_joint_given", None)):
+            self.log_joint_given = self._given
+
+    def __call__(self, x):
+        return jnp.asarray(self.log_joint(x)).astype(self.dtype) - self.offset
+
+    def _given(self, theta, fs):
+        values = self.log_joint.log_joint_given(theta, fs)
+        return jnp.asarray(values).astype(self.dtype) - self.offset
+
+
 class _Check(NamedTuple):
     """The convergence check's part of the scan's carry.
 
@@ -650,8 +669,7 @@ def _fit(
     # arithmetic; the diagnostics add it back to the ELBO and the evidence.
     offset = _offset(jax.random.fold_in(key_init, 1), q0, log_p_fn)
 
-    def log_p_centred(x):
-        return log_p_fn(x) - offset
+    log_p_centred = _Centred(unshifted, offset, dtype)
 
     if _plain(log_joint):
         log_joint = _Shifted(log_joint, offset)

@@ -160,7 +160,13 @@ def evaluate(
       chunk_size: at most this many draws are evaluated at once (vmapped), the chunks
         one after another (``lax.scan``), so that memory is that of one chunk whatever
         ``num_draws`` is. The numbers do not depend on it: draw ``i`` comes from the
-        ``i``-th of ``jax.random.split(key, num_draws)``, as in ``q.sample``.
+        ``i``-th of ``jax.random.split(key, num_draws)``, as in ``q.sample``. A
+        family with ``paired_draws`` (a latent field's ``q``:
+        :meth:`jaxvb.latent.LatentGaussianApproximation.paired_draws`), without a
+        ``start``, is drawn in pairs that share their costly part, pair ``i`` (draws
+        ``2i``, ``2i + 1``) from the ``i``-th of ``jax.random.split(key,
+        ceil(num_draws / 2))``; the standard errors are then the pairs' (the
+        cluster-robust sandwich), not those of independent draws.
       start: ``None``, or the distribution the fit started from (of ``q``'s type):
         ``num_draws`` more draws of it, in the same chunks, give ``start_excess``: the
         posterior mass they reach that ``q`` misses (a second mode, a tail).
@@ -207,12 +213,19 @@ def evaluate(
     var_p_safe = jnp.maximum(var_p, tiny)
     # Monte Carlo standard errors by the delta method: each measure is a smooth
     # function of sample means, so its error is the standard deviation of its
-    # influence over the draws divided by sqrt(n) (the draws are independent).
+    # influence over the draws divided by sqrt(n) (the draws are independent); for
+    # pairs of draws (q.paired_draws), which are not, from the pairs' summed
+    # influences (the cluster-robust sandwich, m / (m - 1) for m pairs)
     dr2 = (r - elbo) ** 2 - s2  # the influence of a draw on s^2
     dp2 = (log_p - mean(log_p)) ** 2 - var_p  # ... on Var_q[log p]
+    paired = _paired(q, start)
 
     def stderr(influence):
-        return jnp.sqrt(var(influence) / nn)
+        if not paired:
+            return jnp.sqrt(var(influence) / nn)
+        sums = jnp.sum(_as_pairs(jnp.where(ok, influence - mean(influence), 0.0)), 1)
+        m = jnp.maximum(jnp.sum(jnp.any(_as_pairs(ok), 1)).astype(q.dtype), 2.0)
+        return jnp.sqrt(m / (m - 1.0) * jnp.sum(sums**2)) / nn
 
     kl_stderr = 0.5 * stderr(dr2)
     if reach:
@@ -233,7 +246,7 @@ def evaluate(
 
     out = Diagnostics(
         elbo=known(elbo),
-        elbo_stderr=known(jnp.sqrt(s2 / nn)),
+        elbo_stderr=known(stderr(r) if paired else jnp.sqrt(s2 / nn)),
         residual_variance=known(s2),
         kl=known(0.5 * s2),
         log_evidence=known(elbo + 0.5 * s2),
@@ -267,6 +280,12 @@ def evaluate(
             khat_informative=out.khat_informative | (ev.khat > KHAT_THRESHOLD),
         )
     return out
+
+
+def _as_pairs(v: jax.Array) -> jax.Array:
+    """``(n,)`` as ``(ceil(n / 2), 2)``, draws ``2i`` and ``2i + 1`` in row ``i`` (an
+    odd ``n`` padded with a zero or ``False``)."""
+    return jnp.concatenate([v, jnp.zeros(v.shape[0] % 2, v.dtype)]).reshape(-1, 2)
 
 
 def _reachable(q, num_draws: int) -> bool:
@@ -341,6 +360,9 @@ def _log_densities(
             key, q, log_joint, num_draws, chunk_size, stats, start
         )
 
+    if _paired(q, start):
+        return _paired_log_densities(key, q, log_joint, num_draws, chunk_size, stats)
+
     def one(k):
         x, log_q = q.sample_and_log_prob(k)
         x = after(x, log_q)  # a log joint that factors a matrix too: in turn
@@ -350,6 +372,31 @@ def _log_densities(
     return _chunked(
         one, jax.random.split(key, num_draws), num_draws, chunk_size, draws_in_sequence(q)
     )
+
+
+def _paired(q, start) -> bool:
+    """Whether :func:`evaluate` draws ``q`` in pairs (``q.paired_draws``: two draws
+    that share the costly part, a latent field's ``theta``), without a ``start``."""
+    return start is None and callable(getattr(q, "paired_draws", None))
+
+
+def _paired_log_densities(key, q, log_joint, num_draws, chunk_size, stats):
+    """:func:`_log_densities` from ``ceil(num_draws / 2)`` pairs of
+    ``q.paired_draws`` (pair ``i`` from the ``i``-th of ``jax.random.split(key,
+    ceil(num_draws / 2))``; draws ``2i`` and ``2i + 1``; an odd ``num_draws`` drops
+    the last pair's second)."""
+    num_pairs = -(-num_draws // 2)
+
+    def one(k):
+        x, log_p, log_q = q.paired_draws(k, log_joint)
+        out = (log_p, log_q)
+        return out + (jax.vmap(q.sufficient_stats)(x),) if stats else out
+
+    size = max(1, chunk_size // 2)
+    out = _chunked(
+        one, jax.random.split(key, num_pairs), num_pairs, size, draws_in_sequence(q)
+    )
+    return tuple(v.reshape((2 * num_pairs,) + v.shape[2:])[:num_draws] for v in out)
 
 
 def _log_densities_with_start(key, q, log_joint, num_draws, chunk_size, stats, start):
