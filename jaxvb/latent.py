@@ -898,8 +898,11 @@ class LatentGaussianApproximation(Family):
         log_q_f = 0.5 * (ops.logdet(chol) - z_f.shape[0] * _LOG_2PI) - 0.5 * jnp.dot(
             z_f, z_f
         )
-        x = jnp.concatenate([theta, mu + ops.back(chol, z_f)])
-        return x, self.theta.log_prob(theta) + log_q_f
+        v = ops.back(chol, z_f)  # the same bits as sample's
+        # q(theta)'s density after the back-solve, not beside it: under vmap both are
+        # batched LAPACK calls, and two at once can hang jaxlib 0.10 (_process.after)
+        log_q = self.theta.log_prob(after(theta, v)) + log_q_f
+        return jnp.concatenate([theta, mu + v]), log_q
 
     def paired_draws(self, key: Array, log_joint: Callable[[Array], Array]):
         """Two draws that share ``theta``, ``f = mu +- L'^{-1} z`` (antithetic given

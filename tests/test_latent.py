@@ -1093,6 +1093,41 @@ def test_paired_draws_share_theta_and_carry_their_exact_densities():
         )
 
 
+def test_a_pair_with_a_non_finite_member_is_one_cluster_of_the_finite_other():
+    """A log density that is NaN on part of q's support: pairs with one NaN member keep
+    the other, pairs with two drop out; the estimates average the finite draws and
+    the standard errors are the sandwich over the pairs that keep a draw (the same
+    numbers, computed here from the pairs themselves)."""
+    from jaxvb import diagnostics
+
+    bound, q = _moved_start()
+    mu0 = float(q.conditional(q.theta.mean)[0][0])
+
+    def holed(x):  # NaN where f_0 lies above its conditional mean at q(theta)'s mean
+        return jnp.where(x[1] > mu0 + 0.3, jnp.nan, bound(x))
+
+    n = 100
+    d = diagnostics.evaluate(KEY, q, holed, n, chunk_size=16)
+    pairs = [q.paired_draws(k, holed) for k in jax.random.split(KEY, n // 2)]
+    log_p = np.concatenate([np.asarray(p[1]) for p in pairs])
+    log_q = np.concatenate([np.asarray(p[2]) for p in pairs])
+    ok = np.isfinite(log_p)
+    by_pair = ok.reshape(-1, 2).sum(1)
+    assert (by_pair == 1).sum() >= 5 and (by_pair == 2).sum() >= 5  # both kinds occur
+    assert int(d.num_nonfinite) == int((~ok).sum())
+    r = log_p - log_q
+    elbo = r[ok].mean()
+    centred = np.where(ok, r - elbo, 0.0)
+    sums = centred.reshape(-1, 2).sum(1)
+    m = int((by_pair > 0).sum())
+    stderr = np.sqrt(m / (m - 1) * np.sum(sums**2)) / ok.sum()
+    np.testing.assert_allclose(float(d.elbo), elbo, rtol=1e-12)
+    np.testing.assert_allclose(float(d.elbo_stderr), stderr, rtol=1e-10)
+    for name in ("kl", "log_evidence", "r_squared"):
+        assert np.isfinite(float(getattr(d, name)))
+        assert np.isfinite(float(getattr(d, f"{name}_stderr")))
+
+
 @pytest.mark.slow
 def test_the_paired_diagnostics_report_their_own_spread():
     """The diagnostics of a latent field's q come from pairs of draws sharing theta,
