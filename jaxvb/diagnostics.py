@@ -20,6 +20,7 @@ exact KL at one component (issue 16, reproducer 8).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -731,8 +732,15 @@ def psis(log_ratios: jax.Array, reff: float = 1.0) -> PSIS:
         lw = lw.astype(jnp.result_type(float))
     if lw.ndim != 1:
         raise ValueError(f"psis: log_ratios must have shape (n,), got {lw.shape}")
+    return _psis(lw, _tail_length(lw.shape[0], reff))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _psis(lw: jax.Array, m: int) -> PSIS:
+    """:func:`psis` with a tail of ``m`` draws, one compiled program: called eagerly,
+    its ~40 operations compiled one by one took 3.1 s against 0.3 s (n = 1000, the
+    tests' XLA settings); inside a trace the ``jit`` is inlined."""
     n = lw.shape[0]
-    m = _tail_length(n, reff)
     finite = jnp.isfinite(lw)
     lw = jnp.where(finite, lw, -jnp.inf)
     lw = lw - jnp.max(jnp.where(finite, lw, -jnp.inf))

@@ -46,30 +46,42 @@ _FUSION = "--xla_cpu_use_fusion_emitters=false"
 _SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
 
-def _xla_knows(flag: str) -> bool:
-    """Whether this jaxlib's XLA accepts ``flag`` (an unknown flag in ``XLA_FLAGS`` is
-    fatal), tried once in a subprocess; the answer travels in the environment to the
-    xdist workers and the subprocesses the tests start."""
-    name = flag.lstrip("-").split("=")[0].upper()
-    key = f"JAXVB_TEST_{name}"
-    if key not in os.environ:
-        env = dict(os.environ, XLA_FLAGS=flag, JAX_PLATFORMS="cpu")
-        code = "import jax.numpy as jnp; jnp.ones(2).sum().block_until_ready()"
-        try:
-            run = subprocess.run(
-                [sys.executable, "-c", code], env=env, capture_output=True, timeout=300
-            )
-            os.environ[key] = "1" if run.returncode == 0 else "0"
-        except (OSError, subprocess.TimeoutExpired):
-            os.environ[key] = "0"
-    return os.environ[key] == "1"
+def _key(flag: str) -> str:
+    return "JAXVB_TEST_" + flag.lstrip("-").split("=")[0].upper()
+
+
+def _xla_accepts(flags: tuple[str, ...]) -> bool:
+    """Whether this jaxlib's XLA starts with ``flags`` in ``XLA_FLAGS`` (an unknown flag
+    there is fatal), tried in a subprocess."""
+    env = dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu")
+    code = "import jax.numpy as jnp; jnp.ones(2).sum().block_until_ready()"
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, timeout=300
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return run.returncode == 0
+
+
+def _xla_knows(*flags: str) -> list[str]:
+    """The ``flags`` this jaxlib's XLA accepts, found once (all together in one
+    subprocess, one by one only where that fails); the answers travel in the
+    environment to the xdist workers and the subprocesses the tests start."""
+    unknown = [f for f in flags if _key(f) not in os.environ]
+    if unknown and _xla_accepts(tuple(unknown)):
+        os.environ.update({_key(f): "1" for f in unknown})
+    for f in unknown:
+        if _key(f) not in os.environ:
+            os.environ[_key(f)] = "1" if _xla_accepts((f,)) else "0"
+    return [f for f in flags if os.environ[_key(f)] == "1"]
 
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "")
     + " --xla_backend_optimization_level=0"
-    + "".join(" " + flag for flag in (_FUSION, _SCHEDULER) if _xla_knows(flag))
+    + "".join(" " + flag for flag in _xla_knows(_FUSION, _SCHEDULER))
 ).strip()
 _CACHE = os.environ.get("JAXVB_TEST_CACHE", "").lower() in ("1", "true", "yes")
 if _CACHE:
@@ -123,9 +135,10 @@ def _free_compiled_programs():
     XLA:CPU keeps each compiled program in memory maps of its own (~700 per fit); an
     xdist worker that runs a few hundred tests passes Linux's ``vm.max_map_count`` and
     the next compilation segfaults (seen in CI). ``jaxvb.fit`` guards users at 60% of
-    the limit with a warning; the tests clear quietly, well below it.
+    the limit with a warning; the tests clear quietly at 30,000 maps, below it (each
+    clearing costs the next tests the small programs they compile again).
     """
     yield
     n = _process.num_maps()
-    if n is not None and n > 15_000:
+    if n is not None and n > 30_000:
         jax.clear_caches()

@@ -65,6 +65,7 @@ def test_nonfinite_log_density_raises_with_the_draw():
         assert np.all(np.isfinite(leaf))
 
 
+@pytest.mark.slow
 def test_nonfinite_log_density_is_flagged_under_jit_and_vmap():
     run = jax.jit(jax.vmap(lambda k: jaxvb.fit(positive_only, Q0, k, num_steps=50)))
     res = run(jax.random.split(KEY, 3))
@@ -73,6 +74,7 @@ def test_nonfinite_log_density_is_flagged_under_jit_and_vmap():
         assert np.all(np.isfinite(leaf))  # flagged, never NaN
 
 
+@pytest.mark.slow
 def test_a_log_density_nonfinite_everywhere_reports_no_diagnostics():
     """Issue 16, reproducer 5: NaN at every draw is flagged, and the diagnostics are
     NaN (not an ELBO of 0 and an R^2 of 1, a perfect fit to a reader), also under
@@ -150,6 +152,7 @@ def test_half_precision_families_and_a_traced_step_size_of_zero():
     assert int(res.status) & int(jaxvb.Status.NOT_CONVERGED) and not bool(res.ok)
 
 
+@pytest.mark.slow
 def test_explain_names_a_batch_and_reads_one_of_its_fits():
     run = jax.vmap(lambda k: jaxvb.fit(good, Q0, k, num_steps=20, num_eval_draws=20))
     res = run(jax.random.split(KEY, 3))
@@ -158,6 +161,7 @@ def test_explain_names_a_batch_and_reads_one_of_its_fits():
     assert jaxvb.explain(jax.tree.map(lambda v: v[1], res)) == "ok"
 
 
+@pytest.mark.slow
 def test_keys_and_empty_models_get_clear_errors():
     """Issue 16, reproducer 10: wrong key types and dimension 0 are named up front (not
     a raw JAX error, not a ZeroDivisionError after the whole fit)."""
@@ -173,6 +177,7 @@ def test_keys_and_empty_models_get_clear_errors():
         jaxvb.fit(good, jaxvb.Gaussian(jnp.zeros(0), jnp.eye(0)), KEY, num_steps=10)
 
 
+@pytest.mark.slow
 def test_float32_data_in_a_float64_session_starts_from_laplace():
     """Issue 16, reproducer 3: a logistic regression with N = 20,000 float32 rows, started
     from float64 zeros. log p is rounded to float32 (~1e-3 at -9500), so the search's
@@ -196,6 +201,7 @@ def test_float32_data_in_a_float64_session_starts_from_laplace():
         jaxvb.laplace(logistic, jnp.zeros(5), tol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_q0_with_fewer_dimensions_than_the_model_reads_is_an_error():
     """Issue 16, reproducer 2: log_joint reads x[0] and x[1] but q0 is 1-D. JAX clamps
     x[1] to x[0] and the fit was of another model, with status 0. Constant indices
@@ -226,6 +232,7 @@ def test_a_q0_with_fewer_dimensions_than_the_model_reads_is_an_error():
     )
 
 
+@pytest.mark.slow
 def test_a_negative_r_squared_is_flagged():
     """Issue 16, reproducer 4: the README's minibatch Poisson fit with 100 steps instead
     of 2000 (key 1: R^2 -0.15, status was 0) is flagged POOR_FIT, an error; so is one
@@ -270,6 +277,7 @@ def far_target(x):
     return -0.5 * jnp.sum(((x - 30.0) / 0.05) ** 2)
 
 
+@pytest.mark.slow
 def test_improper_proposal_is_flagged_and_never_nan():
     # fit's step control off, as in the paper's plain iteration.
     def one(k):
@@ -291,6 +299,7 @@ def test_improper_proposal_is_flagged_and_never_nan():
         assert np.all(np.isfinite(leaf))
 
 
+@pytest.mark.slow
 def test_improper_result_raises_with_the_remedy():
     # log p = x / 2 on x > 0 is not integrable: the regression asks for rate -1/2.
     with pytest.raises(jaxvb.FitError, match="Increase num_steps") as info:
@@ -302,6 +311,7 @@ def test_improper_result_raises_with_the_remedy():
     assert "posterior is proper" in res.message
 
 
+@pytest.mark.slow
 def test_too_few_steps_for_the_regression():
     with pytest.raises(ValueError, match="num_steps=4 is too small.*num_steps >= 12"):
         jaxvb.fit(good, Q0, KEY, num_steps=4, method="regression")
@@ -310,6 +320,7 @@ def test_too_few_steps_for_the_regression():
     jaxvb.fit(good, Q0, KEY, num_steps=4, num_draws=3, method="regression")  # enough draws
 
 
+@pytest.mark.slow
 def test_a_failed_laplace_start_raises_or_is_flagged_as_asked():
     """No mode (log p rises without bound along x[0]): on_failure="raise" raises
     laplace's message; "ignore" returns the fit flagged LAPLACE_FAILED."""
@@ -343,6 +354,7 @@ def two_modes(x):
     return jnp.logaddexp(near, far) - jnp.log(2.0) - 0.5 * d * jnp.log(2 * jnp.pi)
 
 
+@pytest.mark.slow
 def test_a_mode_the_start_covers_and_q_misses_is_flagged():
     """Issue 16, reproducer 7: a Gaussian on one of two equal modes is exact there (R^2
     1, log evidence log 1/2, status 0 before). The start's draws (its covariance
@@ -371,6 +383,7 @@ def test_a_mode_the_start_covers_and_q_misses_is_flagged():
     np.testing.assert_array_equal(res.status, int(jaxvb.Status.MISSED_MASS))
 
 
+@pytest.mark.slow
 def test_the_start_check_is_quiet_where_q_covers_the_posterior():
     """No false alarms: a logistic-regression posterior (one mode, not Gaussian) from a
     start that covers it widely, over keys; and the excess is noise where p = Z q."""

@@ -111,6 +111,7 @@ def test_batch_arguments_are_checked():
             jaxvb.fit_batched(fit_one, jnp.zeros(3), batch_size=bad)
 
 
+@pytest.mark.slow
 def test_batch_size_maps_groups_and_gives_the_same_fits():
     """``batch_size=3`` over 7 fits (two groups of 3 and a remainder of 1, one after
     another) equals all 7 vmapped at once, and a ``batch_size`` of the whole batch

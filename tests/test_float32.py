@@ -112,6 +112,7 @@ SAME_FAMILY = [
 
 
 @pytest.mark.parametrize("case", tiered(SAME_FAMILY, slow=SAME_FAMILY[1:]))
+@pytest.mark.slow
 def test_same_family_target_is_recovered_exactly(case):
     """test_fit's same-family targets, by each method for the Gaussian."""
     name, method, dtype = case.split("-")
@@ -311,6 +312,7 @@ def test_laplace_start_of_a_large_logistic_regression(dtype):
 
 
 @pytest.mark.parametrize("dtype", tiered(list(DTYPES), slow=["f64"]))
+@pytest.mark.slow
 def test_a_large_constant_in_log_p(dtype):
     """Issue 16, reproducer 1: ``log p = -1e6 - |x - 1|^2 / (2 * 0.25)`` by Algorithm 1.
 
@@ -438,6 +440,7 @@ def test_float32_regression_on_a_concentrated_gamma_is_accurate():
     assert int(res.status) == 0
 
 
+@pytest.mark.slow
 def test_latent_paired_draws_in_float32_are_float64s_up_to_rounding():
     """The diagnostics' pairs of a latent field's ``q`` (``f = mu +- L'^{-1} z``, one
     factorisation of ``q(f | theta)`` and one of the prior for both) in float32: at

@@ -54,6 +54,7 @@ def test_derivative_matches_scipy_finite_differences():
     np.testing.assert_allclose(ours, ref, rtol=2e-6, atol=0)
 
 
+@pytest.mark.slow
 def test_derivative_is_the_jvp_of_the_draw():
     a = jnp.array([0.4, 3.0, 250.0])
     key = jax.random.key(3)

@@ -179,6 +179,7 @@ SLOW = {
     "gamma_gradient",
     "probit_sites",
     "probit_laplace_start",
+    "probit_hessian",
 }
 
 

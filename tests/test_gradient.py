@@ -58,7 +58,9 @@ def same_family_log_joint(name, x):
     return SAME_FAMILY[name][0].log_prob(x) + 3.0  # unnormalised
 
 
-@pytest.mark.parametrize("name", sorted(SAME_FAMILY))
+@pytest.mark.parametrize(
+    "name", tiered(sorted(SAME_FAMILY), slow=["beta", "inverse_gamma"])
+)
 def test_one_draw_statistics_are_exact_and_unbiased(name):
     """Eq. grad per draw: ``g^ = C^ eta_p`` when p is in the family, and
     ``E[C^] = d/dphi E_q[T]`` (eq. reggrad1, grad2): this checks the derivatives of

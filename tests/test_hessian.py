@@ -13,6 +13,7 @@ from jaxvb.models import beta_binomial, conjugate
 KEY = jax.random.key(5)
 
 
+@pytest.mark.slow
 def test_betaln_derivatives_are_right_at_every_order():
     """JAX's own betaln has a wrong Hessian at small arguments; ours does not."""
 
@@ -32,6 +33,7 @@ def test_betaln_derivatives_are_right_at_every_order():
         )
 
 
+@pytest.mark.slow
 def test_hessian_is_exact_on_a_gaussian_target():
     model = conjugate.gaussian_linear(
         np.random.default_rng(0).normal(size=(30, 3)),
@@ -47,6 +49,7 @@ def test_hessian_is_exact_on_a_gaussian_target():
     assert float(res.log_evidence) == pytest.approx(float(model.log_evidence), abs=1e-8)
 
 
+@pytest.mark.slow
 def test_hessian_accepts_a_user_gradient_and_hessian():
     target = jaxvb.Gaussian(jnp.array([1.0, -1.0]), jnp.array([[1.0, 0.4], [0.4, 2.0]]))
     precision = target.precision

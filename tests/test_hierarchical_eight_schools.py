@@ -184,6 +184,7 @@ def _fitted_moments(q, a, b):
 # --- tests ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_references_agree_with_themselves(exact):
     """The Woodbury marginal is the dense Gaussian's; both KL quadratures agree."""
     cov = np.diag(SIGMA**2 + 3.0**2) + MU_SD**2
@@ -197,6 +198,7 @@ def test_references_agree_with_themselves(exact):
     np.testing.assert_array_equal(np.asarray(es.SIGMA), SIGMA)
 
 
+@pytest.mark.slow
 def test_log_joint_matches_structure_and_scipy():
     """``hierarchical_log_joint`` = the structure's pieces = SciPy's densities."""
     rng = np.random.default_rng(1)

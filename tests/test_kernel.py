@@ -45,6 +45,7 @@ def test_kernel_by_hand_gives_fit():
     np.testing.assert_allclose(res.q.mean, q.mean, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_a_method_registers_itself_and_becomes_a_default():
     @register_family
     class Shifted(jaxvb.Gamma.__mro__[1]):  # a ScalarFamily: Gamma's own base
@@ -128,6 +129,7 @@ def test_the_mixture_is_a_family_not_an_exponential_family():
         jaxvb.fit(lambda x: -jnp.sum(x**2), q, KEY, num_steps=50, method="gradient")
 
 
+@pytest.mark.slow
 def test_check_raises_warns_or_passes_a_result_through():
     log_joint = lambda x: jnp.log(x[0]) - x[0]  # noqa: E731  (NaN for x < 0)
     q0 = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
@@ -161,6 +163,7 @@ def test_trust_region_wrapper_composes():
     )
 
 
+@pytest.mark.slow
 def test_the_convergence_check_reuses_the_iterations_traced_estimate():
     """The check's draws are extra steps of the same scan: the method's estimate (the
     log joint's derivatives, most of the program) is traced once, not once more for the
@@ -184,6 +187,7 @@ def test_the_convergence_check_reuses_the_iterations_traced_estimate():
     assert len(traced) == 1 and np.isnan(float(res.fixed_point_shift))
 
 
+@pytest.mark.slow
 def test_an_unsettled_fit_is_flagged_by_the_check():
     """A few steps of a tiny step size on a quartic: the average is one Newton-like
     step from q0, not a fixed point, and one more update moves q."""
@@ -228,6 +232,7 @@ def test_the_check_takes_a_quarter_of_the_iteration_by_default():
     assert check_draws(250, asked=150) == 150
 
 
+@pytest.mark.slow
 def test_a_pytree_log_joint_compiles_once_for_new_data():
     """jax.tree_util.Partial(fn, data): data of the same shapes reuses the program."""
     q0 = jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2))
@@ -283,6 +288,7 @@ def _log_compiles():
         jax.config.update("jax_log_compiles", before)
 
 
+@pytest.mark.slow
 def test_a_point_start_compiles_the_fit_beside_the_start_once(caplog, monkeypatch):
     """From a point, the fit's program compiles in a thread while the Laplace start
     runs (``_fit._prefetch``): once (the call finds it compiled), and the same bits

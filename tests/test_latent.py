@@ -113,6 +113,7 @@ def _level_model(kind):
 @pytest.mark.parametrize(
     "kind", tiered(["design", "dense_design", "border"], slow=["dense_design", "border"])
 )
+@pytest.mark.slow
 def test_fixed_effects_in_the_field_are_exact(kind):
     """Fixed effects in the field (``design``, or a level through an arrowhead prior):
     the posterior is in the family, so the fit is exact -- the level's mean and
@@ -144,6 +145,7 @@ def to_dense_any(ops, chol):
     return lower @ lower.T
 
 
+@pytest.mark.slow
 def test_a_flat_prior_on_a_fixed_effect_with_its_log_norm_is_exact():
     """An improper flat prior on the level (zero corner): ``prior`` returns ``(mean,
     precision, log_norm)`` with the constant of the density meant (the AR(1)'s own,
@@ -185,6 +187,7 @@ def test_a_flat_prior_on_a_fixed_effect_with_its_log_norm_is_exact():
     assert jnp.isfinite(res.q.model(x))
 
 
+@pytest.mark.slow
 def test_a_flat_prior_without_its_log_norm_is_named():
     """The same flat prior without ``log_norm``: no factor of the precision gives its
     constant, the start fails (flagged) and a warning names the cause and the fix."""
@@ -240,6 +243,7 @@ def _trend_model():
         pytest.param("autodiff", 1e-12, marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.slow
 def test_two_hyperparameters_are_exact_for_every_hessian(hessian, rtol):
     """``p(theta | y)`` Gaussian: exact for each way of forming the precision of
     ``q(theta)``; ``"values"`` (Algorithm 1, one value per draw) and ``"regression"``
@@ -423,6 +427,7 @@ def test_bad_designs_get_clear_errors():
         jaxvb.fit(four, jnp.zeros(1), KEY, num_steps=10)
 
 
+@pytest.mark.slow
 def test_a_prior_precision_that_is_not_positive_definite_is_flagged():
     """Q(theta) indefinite for theta > 0.5: the start is there, so the fit is flagged,
     with no NaN in what it reports as its result."""
@@ -534,7 +539,9 @@ def _field_case(kind):
     )
 
 
-@pytest.mark.parametrize("kind", ["dense", "banded", "arrowhead"])
+@pytest.mark.parametrize(
+    "kind", tiered(["dense", "banded", "arrowhead"], slow=["arrowhead"])
+)
 def test_field_algebra_matches_dense_formulas(kind):
     """jaxvb._field (shared by LatentGaussian and the SV composite) against dense
     algebra: log Z from the Gaussian-likelihood identity exp(b'f - f'Sf/2) = N(y | f,
@@ -582,8 +589,8 @@ def test_field_algebra_matches_dense_formulas(kind):
         ("dense", False),
         ("dense", True),
         ("banded", False),
-        ("arrowhead", False),
-        ("arrowhead", True),
+        pytest.param("arrowhead", False, marks=pytest.mark.slow),
+        pytest.param("arrowhead", True, marks=pytest.mark.slow),
     ],
 )
 def test_linear_predictor_algebra_matches_dense_formulas(kind, with_design):
@@ -655,6 +662,7 @@ def test_linear_predictor_algebra_matches_dense_formulas(kind, with_design):
     )
 
 
+@pytest.mark.slow
 def test_the_start_survives_a_newton_step_that_overshoots():
     """Poisson counts with a tiny exposure (an LGCP's cell area) and the level in the
     field, prior mean 0: the full Newton step from the prior mean overshoots by
@@ -740,7 +748,11 @@ def test_importance_resample_warns_where_q_theta_misses_the_posterior():
 
 
 @pytest.mark.parametrize(
-    "dtype, grad_tol, rtol", [(jnp.float64, 1e-9, 1e-12), (jnp.float32, 1e-3, 1e-5)]
+    "dtype, grad_tol, rtol",
+    [
+        pytest.param(jnp.float64, 1e-9, 1e-12, marks=pytest.mark.slow),
+        (jnp.float32, 1e-3, 1e-5),
+    ],
 )
 def test_newton_stops_at_the_mode(dtype, grad_tol, rtol):
     """The start's Newton iterations stop once converged: the sites' ``q(f | theta)``
@@ -774,6 +786,7 @@ def test_newton_stops_at_the_mode(dtype, grad_tol, rtol):
     np.testing.assert_allclose(b2, b, rtol=rtol)
 
 
+@pytest.mark.slow
 def test_a_second_fit_with_new_data_traces_nothing_again():
     """Fits of one model structure with new data of the same shapes and a new key: the
     second traces neither the model's functions (shape checks, the compile-ahead,
@@ -889,6 +902,7 @@ def _independent_poisson(t=40):
     return model, exact
 
 
+@pytest.mark.slow
 def test_the_ep_target_is_exact_for_independent_sites():
     """With a diagonal prior ``q(f | theta)`` factorises and EP's correction restores
     each site's normaliser: the target is ``log p(y, theta)`` itself, whatever the
@@ -919,6 +933,7 @@ def test_the_ep_target_is_exact_for_independent_sites():
     np.testing.assert_allclose(gaps, 0.0, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_site_derivatives_differentiate_as_plain_autodiff():
     """The quadrature's one pass (``log_lik`` and its first two derivatives at the
     nodes, whose derivatives along ``f`` reuse the ones computed) differentiates as
@@ -989,6 +1004,7 @@ def test_q_theta_fits_the_exact_marginal_with_the_ep_target():
     assert errors["elbo"] > 2.0 * errors["ep"], errors
 
 
+@pytest.mark.slow
 def test_the_value_regression_starts_from_q0_in_closed_form():
     """Algorithm 1's ``C_1 = E_q0[d d']`` and ``g_1 = E_q0[d y]`` (``d = T(u) - T(u_m)``
     the differences of the Gaussian's statistics of the whitened draw from the mean's,
@@ -1022,6 +1038,7 @@ def test_the_value_regression_starts_from_q0_in_closed_form():
     np.testing.assert_allclose(mean, theta.mean, rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_the_default_regresses_values_only_where_the_factorisation_is_costly():
     """``hessian=None``: ``"values"`` for a blocked banded ``q(f | theta)`` (``w = 40``,
     ``T = 400``: ``theta_frame``'s statistics ``C``, ``gv``), the gradient regression
@@ -1045,6 +1062,7 @@ def test_the_default_regresses_values_only_where_the_factorisation_is_costly():
     assert {"GX", "XX"} <= set(forced)
 
 
+@pytest.mark.slow
 def test_a_trace_records_q_theta_and_the_sites_per_step():
     """``trace=True`` (it had failed: the family had no ``natural_params``): per step
     ``q(theta)``'s natural parameters, then the sites' ``(b, -a / 2)``; on the conjugate
@@ -1071,6 +1089,7 @@ def _moved_start(t=40):
     return bound, dataclasses.replace(q0, theta=theta)
 
 
+@pytest.mark.slow
 def test_paired_draws_share_theta_and_carry_their_exact_densities():
     """q.paired_draws: two draws with one theta and f = mu +- v; their log q is
     log_prob's, their log p the model's, through log_joint_given (one factorisation
@@ -1093,6 +1112,7 @@ def test_paired_draws_share_theta_and_carry_their_exact_densities():
         )
 
 
+@pytest.mark.slow
 def test_a_pair_with_a_non_finite_member_is_one_cluster_of_the_finite_other():
     """A log density that is NaN on part of q's support: pairs with one NaN member keep
     the other, pairs with two drop out; the estimates average the finite draws and

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.linalg as sla
+from helpers import tiered
 from jax.test_util import check_grads
 from scipy import stats
 
@@ -40,6 +41,17 @@ BANDWIDTHS = (0, 1, 2, 5)
 ARROWHEAD_CASES = [
     (t, w, 1 + (i + j) % 2) for i, t in enumerate(SIZES) for j, w in enumerate(BANDWIDTHS)
 ]
+# The fast tier takes the grid's diagonal, each T and each w once: (1, 0), (2, 1),
+# (5, 2) and (50, 5) (the row recurrences, and the blocks over several of them); the
+# other twelve are slow.
+FAST_GRID = set(zip(SIZES, BANDWIDTHS, strict=True))
+
+
+def grid(cases):
+    """``cases`` (tuples led by ``(t, w)``) for ``parametrize``, off the diagonal slow."""
+    return [
+        c if c[:2] in FAST_GRID else pytest.param(*c, marks=pytest.mark.slow) for c in cases
+    ]
 
 
 # --- dense references (NumPy) -------------------------------------------------------
@@ -143,7 +155,7 @@ def banded_everything(ab, rhs):
 
 @pytest.mark.parametrize(
     ("t", "w"),
-    [(t, w) for t in SIZES for w in BANDWIDTHS]
+    grid([(t, w) for t in SIZES for w in BANDWIDTHS])
     + [pytest.param(*c, marks=pytest.mark.slow) for c in ((50, 9), (23, 11), (7, 9))],
 )
 def test_banded_against_dense(t, w):
@@ -246,7 +258,7 @@ def check_arrowhead(p_dense, rhs, t, w, out):
     close(sel.corner, sigma[t:, t:])
 
 
-@pytest.mark.parametrize(("t", "w", "k"), ARROWHEAD_CASES)
+@pytest.mark.parametrize(("t", "w", "k"), grid(ARROWHEAD_CASES))
 def test_arrowhead_against_dense(t, w, k):
     rng = np.random.default_rng(1000 * t + 10 * w + k)
     p_dense = random_arrowhead(rng, t, w, k)
@@ -255,7 +267,7 @@ def test_arrowhead_against_dense(t, w, k):
     check_arrowhead(p_dense, rhs, t, w, out)
 
 
-@pytest.mark.parametrize(("t", "w", "k"), ARROWHEAD_CASES)
+@pytest.mark.parametrize(("t", "w", "k"), grid(ARROWHEAD_CASES))
 def test_gaussian_arrowhead_is_factor_mean_and_selected_inverse(t, w, k):
     """The fused two-scan path (w = 1) and the composed one (other w) against dense."""
     rng = np.random.default_rng(7 + 1000 * t + 10 * w + k)
@@ -273,7 +285,7 @@ def test_gaussian_arrowhead_is_factor_mean_and_selected_inverse(t, w, k):
     close(sel.corner, sigma[t:, t:])
 
 
-@pytest.mark.parametrize(("t", "w", "k"), ARROWHEAD_CASES)
+@pytest.mark.parametrize(("t", "w", "k"), grid(ARROWHEAD_CASES))
 def test_cholesky_forward_and_triangular_matvec_against_dense(t, w, k):
     """The one-scan factor and ``L^{-1} h`` (w = 1; composed otherwise), ``L x``, ``L' x``,
     and the density they give, ``log N(f; P^{-1} h, P^{-1})``, against dense NumPy/SciPy."""
@@ -453,7 +465,7 @@ def parallel_tridiagonal(monkeypatch):
     monkeypatch.setenv("JAXVB_TRIDIAGONAL", "parallel")
 
 
-@pytest.mark.parametrize("t", (1, 2, 3, 5, 50, 1000))
+@pytest.mark.parametrize("t", tiered((1, 2, 3, 5, 50, 1000), slow=(50, 1000)))
 def test_parallel_tridiagonal_against_dense_and_the_row_scan(t, parallel_tridiagonal):
     """Factor, solves, selected inverse, sampling and gradients by prefix compositions
     equal the dense results (and the row scan's, to rounding); ``T = 3, 5, 1000`` are not
@@ -498,6 +510,7 @@ def test_parallel_tridiagonal_against_dense_and_the_row_scan(t, parallel_tridiag
     close(out["grad"], rows["grad"], rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_parallel_tridiagonal_is_accurate_on_long_ill_conditioned_chains(
     parallel_tridiagonal,
 ):
@@ -684,7 +697,7 @@ def test_bad_shapes_raise():
 # --- jaxvb.linalg._small: the unrolled k x k routines -------------------------------
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", tiered([1, 2, 3, 4], slow=[3, 4]))
 def test_small_routines_against_lapack(n):
     """``small.solve/cholesky/inv_lower`` agree with NumPy/SciPy to rounding.
 

@@ -307,6 +307,7 @@ def test_beta_binomial_with_eight_components_against_quadrature(beta_binomial_fi
 # --- the family ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_pytree_round_trip_jit_and_vmap():
     q = TRUE
     leaves, treedef = jax.tree_util.tree_flatten(q)
@@ -366,6 +367,7 @@ def test_responsibilities_and_antithetic_draws():
     )
 
 
+@pytest.mark.slow
 def test_the_start_is_deterministic_and_centred_on_the_laplace_fit():
     x0 = jnp.array([-3.0, 0.5])  # near the first bump
     laplace = jaxvb.laplace(two, x0)

@@ -73,6 +73,7 @@ def fitted():
     return X, y, res
 
 
+@pytest.mark.slow
 def test_loo_from_to_arviz_matches_the_exact_leave_one_out(fitted):
     X, y, res = fitted
     idata = res.to_arviz(jax.random.key(2), 4000, num_chains=4)
@@ -99,6 +100,7 @@ def test_loo_from_to_arviz_matches_the_exact_leave_one_out(fitted):
     assert abs(lppd - exact.sum()) > 2 * 5 * se.sum()
 
 
+@pytest.mark.slow
 def test_to_arviz_names_plates_of_deterministic_sites_and_adds_predictive(fitted):
     X, y, res = fitted
     key = jax.random.key(3)
@@ -155,6 +157,7 @@ def test_predictive_redraws_the_observed_sites_from_the_fitted_posterior(fitted)
     assert np.all(np.abs(sample_var / var - 1.0) < 5 * np.sqrt(2 / n))
 
 
+@pytest.mark.slow
 def test_minibatch_model_predicts_and_scores_all_the_data(fitted):
     X, y, res = fitted
 

@@ -62,6 +62,7 @@ def data(seed, beta):
 FIT_KWARGS = {"num_eval_draws": 50}
 
 
+@pytest.mark.slow
 def test_numpyro_fit_compiles_once_per_model():
     x1, y1 = data(0, [1.0, -1.0])
     x2, y2 = data(1, [-2.0, 0.5])
@@ -78,6 +79,7 @@ def test_numpyro_fit_compiles_once_per_model():
     np.testing.assert_allclose(second.q.mean[:2], [-2.0, 0.5], atol=0.3)
 
 
+@pytest.mark.slow
 def test_numpyro_log_joints_of_one_model_are_one_pytree_structure():
     x1, y1 = data(0, [1.0, -1.0])
     x2, y2 = data(1, [-2.0, 0.5])
@@ -115,6 +117,7 @@ def _log_joint(x, y):
     return -0.5 * jnp.sum((x - y.mean()) ** 2) - 0.5 * jnp.sum(x**2)
 
 
+@pytest.mark.slow
 def test_fit_of_a_partial_compiles_once():
     y1, y2 = jnp.arange(5.0), jnp.arange(5.0) + 3.0
     first = jaxvb.fit(

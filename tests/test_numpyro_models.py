@@ -160,6 +160,7 @@ def shapes_fit():
     return y, jaxvb.numpyro.fit(shapes, jax.random.key(0), y, num_steps=300, init=q0)
 
 
+@pytest.mark.slow
 def test_sample_gives_constrained_sites_with_the_model_shapes(shapes_fit):
     _, res = shapes_fit
     assert res.log_joint.dim == 3 + 3 + 2
@@ -181,6 +182,7 @@ def test_sample_gives_constrained_sites_with_the_model_shapes(shapes_fit):
     np.testing.assert_allclose(draws["standardised"], draws["loc"] / draws["scale"])
 
 
+@pytest.mark.slow
 def test_to_arviz_matches_the_model_and_arviz_reads_it(shapes_fit, tmp_path):
     az = pytest.importorskip("arviz")
     matplotlib = pytest.importorskip("matplotlib")
@@ -290,6 +292,7 @@ def test_discrete_latent_site_is_a_clear_error():
         jaxvb.numpyro.log_joint(enumerated, jnp.array(1.0))
 
 
+@pytest.mark.slow
 def test_improper_uniform_priors_are_fitted():
     """Issue 16, reproducer 10: ImproperUniform priors (flat, on a constrained support
     too) were refused with an empty NotImplementedError. With p(mu, s) flat, mu's

@@ -215,6 +215,7 @@ def test_vbem_fixed_point_solves_the_update_equations(paper_data):
     np.testing.assert_allclose(res.lower_bound, expected - 0.5 * logdet, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_vbem_vmaps_over_data_sets(paper_data):
     _, design, y = paper_data
     batched = jax.vmap(vbem_probit.vbem)(design, y)

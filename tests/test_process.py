@@ -16,6 +16,7 @@ def test_num_maps_counts_this_process():
     assert n > 10
 
 
+@pytest.mark.slow
 def test_fit_clears_compiled_programs_near_the_map_limit(monkeypatch):
     if _process.num_maps() is None:
         pytest.skip("no /proc/self/maps on this system")

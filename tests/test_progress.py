@@ -67,6 +67,7 @@ def report_steps(text):
     return [int(m) for m in re.findall(r"jaxvb\.fit step +(\d+)/", text)]
 
 
+@pytest.mark.slow
 def test_prints_every_k_steps_and_the_last(capsys):
     jaxvb.fit(skewed_target, Q0, KEY, num_steps=25, progress=10)
     jax.effects_barrier()
@@ -89,6 +90,7 @@ def test_prints_every_k_steps_and_the_last(capsys):
     ],
     ids=["hessian", "regression"],
 )
+@pytest.mark.slow
 def test_result_is_bit_for_bit_the_same(log_joint, q0, kwargs):
     off = jaxvb.fit(log_joint, q0, KEY, num_steps=40, **kwargs)
     seen = []
@@ -133,6 +135,7 @@ def test_callable_gets_records_under_jit_with_honest_estimates():
     assert_identical(res, jaxvb.fit(gaussian_target, Q0, KEY, num_steps=200))
 
 
+@pytest.mark.slow
 def test_a_callback_that_raises_is_a_warning_and_the_fit_is_kept():
     """Issue 16, reproducer 10: an exception in the callback reached XLA as an INTERNAL
     error and the fit was lost."""

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import tiered
 
 import jaxvb
 from jaxvb.diagnostics import psis, psis_expectation
@@ -20,7 +21,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize(
+    "name", tiered(list(CASES), slow=["light tail", "cauchy", "log-normal, n = 4000"])
+)
 def test_psis_equals_arviz_psislw(name):
     log_r = CASES[name]
     ours = psis(jnp.asarray(log_r))
@@ -29,6 +32,7 @@ def test_psis_equals_arviz_psislw(name):
     np.testing.assert_allclose(np.asarray(ours.log_weights), theirs, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_psis_under_vmap_equals_the_loop():
     batch = jnp.asarray(np.stack([CASES["student-t 3"], CASES["cauchy"]]))
     out = jax.vmap(psis)(batch)
@@ -37,6 +41,7 @@ def test_psis_under_vmap_equals_the_loop():
         assert float(out.khat[i]) == pytest.approx(float(one.khat), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_corrected_expectation_recovers_the_target_mean():
     """q = N(0, 1.5^2), p = N(1, 1): the smoothed estimate of E_p[x] within 4 of its
     Monte Carlo standard errors (~0.02 with 4000 draws, ESS ~ 2900)."""
@@ -46,6 +51,7 @@ def test_corrected_expectation_recovers_the_target_mean():
     assert float(psis_expectation(x, out.log_weights)) == pytest.approx(1.0, abs=0.08)
 
 
+@pytest.mark.slow
 def test_every_fit_reports_khat_and_explain_reads_it():
     """A Gaussian fitted to a Student-t with 2 degrees of freedom ends with R^2 0.89
     and s^2 0.07 (an approximate KL of 0.035 nats), but the ratios p/q have a heavy
@@ -68,6 +74,7 @@ def test_every_fit_reports_khat_and_explain_reads_it():
     assert np.ndim(exact.khat) == 0 and jaxvb.explain(exact) == "ok"
 
 
+@pytest.mark.slow
 def test_following_the_remedy_does_not_clear_the_flag_of_a_wrong_answer():
     """Issue 16: the centred eight schools from zeros fails its Laplace start; the
     message's remedy, a Gaussian q0, ran to status 0 although the Gaussian cannot

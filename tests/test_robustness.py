@@ -129,6 +129,7 @@ NAMES = [
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
 def test_from_the_laplace_start_the_fit_is_accurate(name):
     case = CASES[name]
     res = jaxvb.fit(case.log_joint, jnp.zeros(case.dim), KEY, num_steps=case.num_steps)
@@ -140,6 +141,7 @@ def test_from_the_laplace_start_the_fit_is_accurate(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
 def test_from_gaussian01_the_fit_is_accurate_or_flagged(name):
     case = CASES[name]
     q0 = jaxvb.Gaussian(jnp.zeros(case.dim), jnp.eye(case.dim))

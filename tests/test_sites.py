@@ -170,6 +170,7 @@ def test_site_hessian_is_algorithm_2_with_an_assembled_hessian(fits):
     "estimator",
     tiered(["regression", "gradient", "hessian"], slow=["regression", "gradient"]),
 )
+@pytest.mark.slow
 def test_gaussian_sites_are_exact(estimator):
     """Gaussian likelihood sites: each site regression is exact, so the fit is too."""
     rng = np.random.default_rng(0)
@@ -257,6 +258,7 @@ def test_minibatch_schedules():
         assert len(set(idx.tolist())) == 5 and idx.min() >= 0 and idx.max() < 12
 
 
+@pytest.mark.slow
 def test_minibatch_log_joint_is_unbiased():
     """The average over all blocks of a sweep is the full-data log joint, exactly."""
     _, design, y = probit.simulate(jax.random.key(5), num_datasets=1, num_obs=20)
@@ -339,6 +341,7 @@ def test_a_site_with_a_non_finite_log_likelihood_is_flagged():
     assert np.all(np.isfinite(res.q.mean)) and np.all(np.isfinite(res.q.cov))
 
 
+@pytest.mark.slow
 def test_a_site_fit_that_never_settles_is_flagged():
     """No Gaussian is a stationary point here (KL is infinite for all of them): the fit
     must not end with status 0 (issue 16, reproducer 4). Over keys 0-4 it ends flagged

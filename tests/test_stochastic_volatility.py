@@ -199,6 +199,7 @@ def test_log_joint_matches_scipy():
     assert float(sv.log_joint(x.at[0].set(1.2), y)) == -np.inf
 
 
+@pytest.mark.slow
 def test_sample_keys_shapes_and_determinism(short_series):
     y = jnp.asarray(short_series)
     q = sv.initial_q(y)
