@@ -170,7 +170,7 @@ CASES = {
 
 
 # Their own compilations (~10-30 s of CPU each); the model tests cover them too.
-# The fast tier keeps one golden per method family of the engine (Algorithms 1 and 2).
+# The fast tier keeps one golden, Algorithm 1's probit (the rest ~10 s of CPU each).
 SLOW = {
     "beta_binomial_mixture",
     "stochastic_volatility",
