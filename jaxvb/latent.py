@@ -892,17 +892,24 @@ class LatentGaussianApproximation(Family):
                 x.reshape(tuple(sample_shape) + self.event_shape),
                 log_q.reshape(tuple(sample_shape)),
             )
+        theta, mu, chol, ops, z_f, log_q_f = self._draw_theta(key)
+        v = ops.back(chol, z_f)  # the same bits as sample's
+        # q(theta)'s density after the back-solve, not beside it: under vmap both are
+        # batched LAPACK calls, and two at once can hang jaxlib 0.10 (_process.after)
+        log_q = self.theta.log_prob(after(theta, v)) + log_q_f
+        return jnp.concatenate([theta, mu + v]), log_q
+
+    def _draw_theta(self, key: Array):
+        """A draw's ``theta`` and what ``q(f | theta)`` gives at it, before ``f``:
+        ``(theta, mu, chol, ops, z_f, log q(f | theta))``, ``f = mu + L'^{-1} z_f``
+        (:meth:`sample_and_log_prob` and :meth:`paired_draws`)."""
         z_theta, z_f = self.noise(key)
         theta = self.theta.from_noise(z_theta)
         mu, chol, ops = self.conditional(theta)
         log_q_f = 0.5 * (ops.logdet(chol) - z_f.shape[0] * _LOG_2PI) - 0.5 * jnp.dot(
             z_f, z_f
         )
-        v = ops.back(chol, z_f)  # the same bits as sample's
-        # q(theta)'s density after the back-solve, not beside it: under vmap both are
-        # batched LAPACK calls, and two at once can hang jaxlib 0.10 (_process.after)
-        log_q = self.theta.log_prob(after(theta, v)) + log_q_f
-        return jnp.concatenate([theta, mu + v]), log_q
+        return theta, mu, chol, ops, z_f, log_q_f
 
     def paired_draws(self, key: Array, log_joint: Callable[[Array], Array]):
         """Two draws that share ``theta``, ``f = mu +- L'^{-1} z`` (antithetic given
@@ -915,12 +922,7 @@ class LatentGaussianApproximation(Family):
         of ``benchmarks/latent_gaussian.py`` the pair's two values correlate at
         -0.69: the ELBO's standard error 0.056 from 500 pairs against 0.098 from
         1000 independent draws)."""
-        z_theta, z_f = self.noise(key)
-        theta = self.theta.from_noise(z_theta)
-        mu, chol, ops = self.conditional(theta)
-        log_q_f = 0.5 * (ops.logdet(chol) - z_f.shape[0] * _LOG_2PI) - 0.5 * jnp.dot(
-            z_f, z_f
-        )
+        theta, mu, chol, ops, z_f, log_q_f = self._draw_theta(key)
         log_q = self.theta.log_prob(theta) + log_q_f
         v = ops.back(*after((chol, z_f), log_q))
         # log_joint's own factorisation after q's, not beside it (_process.after:
