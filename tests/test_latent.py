@@ -33,18 +33,32 @@ def _ar1_band(phi=0.7, scale=1.0, t=T):
     return scale * jnp.stack([diag, off])
 
 
+def _log_prior(th):
+    return -0.5 * jnp.sum(th**2) / PRIOR_VAR_THETA - 0.5 * math.log(
+        2 * math.pi * PRIOR_VAR_THETA
+    )
+
+
+def _prior_banded(th):
+    return th[0] * jnp.ones(T), Banded(_ar1_band())
+
+
+def _prior_dense(th):
+    return th[0] * jnp.ones(T), to_dense(_ar1_band())
+
+
+def _log_lik(f, y):
+    return -0.5 * (y - f) ** 2 / NOISE_VAR - 0.5 * math.log(2 * math.pi * NOISE_VAR)
+
+
 def _model(banded: bool, data=Y):
-    band = _ar1_band()
-    precision = Banded(band) if banded else to_dense(band)
+    """The conjugate model: a level ``theta ~ N(0, PRIOR_VAR_THETA)``, an AR(1) field
+    about it and Gaussian sites. Its functions are module-level, so that two calls build
+    equal models and the tests that fit the same one share its compiled programs."""
     return jaxvb.LatentGaussian(
-        log_prior=lambda th: (
-            -0.5 * jnp.sum(th**2) / PRIOR_VAR_THETA
-            - 0.5 * math.log(2 * math.pi * PRIOR_VAR_THETA)
-        ),
-        prior=lambda th: (th[0] * jnp.ones(T), precision),
-        log_lik=lambda f, y: (
-            -0.5 * (y - f) ** 2 / NOISE_VAR - 0.5 * math.log(2 * math.pi * NOISE_VAR)
-        ),
+        log_prior=_log_prior,
+        prior=_prior_banded if banded else _prior_dense,
+        log_lik=_log_lik,
         data=data,
     )
 
