@@ -13,6 +13,7 @@ caches (the programs compile again when next used) with a warning that says why.
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from collections.abc import Callable
 
@@ -95,25 +96,43 @@ def guard_maps(stacklevel: int = 3) -> bool:
     return True
 
 
-#: XLA options for jaxvb's own programs on the CPU: the fusion emitters off (fused
-#: loops emitted the older way). They compile 25-30% sooner (the first fit of a
-#: posteriordb ARMA(1, 1): 4.5 -> 3.1 s; the test suite: 17.9 -> 8.6 min) and ran as
-#: fast (the same fit's 1000 steps 166 vs 168 ms; a d = 1002 hierarchical logistic
-#: regression within 6%). Probed once: a JAX whose XLA lacks the option gets none.
-_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+#: XLA options for jaxvb's own programs on the CPU.
+#:
+#: - The fusion emitters off (fused loops emitted the older way). They compile 25-30%
+#:   sooner (the first fit of a posteriordb ARMA(1, 1): 4.5 -> 3.1 s; the test suite:
+#:   17.9 -> 8.6 min) and ran as fast (the same fit's 1000 steps 166 vs 168 ms; a
+#:   d = 1002 hierarchical logistic regression within 6%).
+#: - XLA's backend (LLVM) at optimisation level 1 instead of the default 2. Measured on
+#:   2026-11-29 (2 cores, one process per level, the same keys), first calls, compile
+#:   included: 43.5 -> 35.8 s (the LGCP of ``benchmarks/latent_gaussian.py``), 11.7 ->
+#:   9.5 s and 10.9 -> 9.4 s (its GLMM), 7.1 -> 5.6 s (posteriordb ARMA(1, 1)), 4.8 ->
+#:   4.2 s (``benchmarks/dimension.py``, d = 102), 35.3 -> 35.0 s (the 2500-day SV).
+#:   After compile, within this machine's noise: LGCP 5.3 and 5.0 s against 5.2 and
+#:   4.8, GLMM 0.16-0.22 s against 0.20, SV 0.40-0.46 s against 0.39-0.41, d = 1002
+#:   675 against 689 ms per step. Results move by rounding (<= 1e-12 relative on those
+#:   fits). Level 0 compiles quicker still, but ran the GLMM 3.5x slower.
+#:
+#: Probed once: a JAX whose XLA lacks an option gets none. An optimisation level set in
+#: ``XLA_FLAGS`` (``--xla_backend_optimization_level``; the tests set 0) keeps its
+#: say: a compiler option would override it.
+_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}
 
 
 @functools.cache
 def compile_options() -> dict:
     """The compiler options of :data:`_CPU_OPTIONS` where the default backend is the
-    CPU and XLA knows them, else ``{}``."""
+    CPU and XLA knows them, else ``{}``; less the optimisation level where
+    ``XLA_FLAGS`` sets one."""
     if jax.default_backend() != "cpu":
         return {}
+    options = dict(_CPU_OPTIONS)
+    if "--xla_backend_optimization_level" in os.environ.get("XLA_FLAGS", ""):
+        del options["xla_backend_optimization_level"]
     try:
-        jax.jit(lambda v: v + 1, compiler_options=_CPU_OPTIONS).lower(1.0).compile()
+        jax.jit(lambda v: v + 1, compiler_options=options).lower(1.0).compile()
     except Exception:  # an XLA without the option: "No such compile option"
         return {}
-    return dict(_CPU_OPTIONS)
+    return options
 
 
 def draws_in_sequence(q) -> bool:

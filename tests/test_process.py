@@ -1,5 +1,7 @@
 """The guard against the operating system's limit on memory maps (jaxvb._process)."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -59,6 +61,28 @@ def test_maps_are_counted_again_only_after_a_compilation(monkeypatch):
 def test_no_clearing_far_from_the_limit(monkeypatch):
     monkeypatch.setattr(_process, "_MAX_MAPS", 10**9)
     assert not _process.guard_maps()
+
+
+def test_jaxvbs_programs_compile_at_level_1_unless_xla_flags_set_a_level(monkeypatch):
+    """jaxvb's own programs on the CPU: XLA's backend at optimisation level 1 (quicker
+    to compile than the default 2, as fast to run: ``_process._CPU_OPTIONS``), unless
+    ``XLA_FLAGS`` sets a level (the tests set 0), which a compiler option would
+    override."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("CPU options")
+    unset = " ".join(
+        f
+        for f in os.environ.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_backend_optimization_level")
+    )
+    monkeypatch.setenv("XLA_FLAGS", unset)
+    options = _process.compile_options.__wrapped__()
+    if options:  # an XLA that knows the options
+        assert options["xla_backend_optimization_level"] == 1
+    monkeypatch.setenv("XLA_FLAGS", unset + " --xla_backend_optimization_level=0")
+    assert "xla_backend_optimization_level" not in _process.compile_options.__wrapped__()
+    # the tests' own setting: level 0 from conftest's XLA_FLAGS
+    assert "xla_backend_optimization_level" not in _process.compile_options()
 
 
 def test_after_keeps_the_values_and_no_nan_of_what_it_waits_for():
