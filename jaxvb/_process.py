@@ -110,7 +110,11 @@ def guard_maps(stacklevel: int = 3) -> bool:
 #:   After compile, within this machine's noise: LGCP 5.3 and 5.0 s against 5.2 and
 #:   4.8, GLMM 0.16-0.22 s against 0.20, SV 0.40-0.46 s against 0.39-0.41, d = 1002
 #:   675 against 689 ms per step. Results move by rounding (<= 1e-12 relative on those
-#:   fits). Level 0 compiles quicker still, but ran the GLMM 3.5x slower.
+#:   fits). Level 0 compiles quicker still, but ran the GLMM 3.5x slower. Repeated,
+#:   the levels taking turns: the LGCP 38.5 against 41.4 s (runs 4.8-4.9 s against
+#:   5.3-5.6 s); the GLMM no different beyond the noise (first calls 10.6-10.9 s
+#:   against 10.2-10.8 s, runs 0.16-0.25 s against 0.17-0.23 s, two processes each):
+#:   single pairs of this machine's runs are not to be trusted by a second or two.
 #:
 #: Probed once: a JAX whose XLA lacks an option gets none. An optimisation level set in
 #: ``XLA_FLAGS`` (``--xla_backend_optimization_level``; the tests set 0) keeps its
