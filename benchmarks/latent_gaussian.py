@@ -520,6 +520,10 @@ def glmm_problem() -> Problem:
         prior=functools.partial(_glmm_prior, x=jnp.asarray(x)),
         log_lik=_binomial_log_lik,
         data=(jnp.asarray(hits, jnp.float64), jnp.asarray(atbat, jnp.float64)),
+        # the sites are narrow (sd ~0.1 on the logit scale, hundreds of at-bats each):
+        # 10 Gauss-Hermite nodes give the default 20's fit to ~1e-7 of a posterior sd
+        # in half the time after compile (quadrature_check in the results, same keys)
+        num_quadrature=10,
     )
     theta0 = jnp.array([-1.0, 0.0, math.log(0.2)])
     return Problem(
@@ -1185,6 +1189,8 @@ QUICK = dict(
     # ~15 s): left out of the quick run, which the test suite runs
     dense=None,
     dense_timeout_s={"glmm_baseball": 120.0},
+    # the fits with the default nodes compile another program (~8 s): full runs only
+    quadrature_check=False,
     scaling_T=(500, 1000),
     scaling_steps=10,
     scaling_repeats={500: 1, 1000: 1},
@@ -1292,6 +1298,19 @@ def run_problem(problem: Problem, settings: dict, seed: int = 0):
             f"{closed['nuts']['run_s']:.1f} s ({closed['speedup_after_compile']:.1f}x)",
             flush=True,
         )
+    quadrature = None
+    if settings.get("quadrature_check", True):
+        quadrature = quadrature_check(problem, settings, seed)
+    if quadrature is not None:
+        print(
+            f"  {quadrature['num_quadrature']} nodes against the default "
+            f"{quadrature['default']}: q(theta) means {quadrature['theta_mean_diff_sd']:.1e}"
+            f" sd apart, sds {quadrature['theta_sd_rel_diff']:.1e} relative, the field "
+            f"{quadrature['field_mean_diff_sd']:.1e} sd; after compile "
+            f"{quadrature['run_s']['model']:.3f} s against "
+            f"{quadrature['run_s']['default']:.3f} s",
+            flush=True,
+        )
     dense = None
     if settings["dense"] is not None:
         dense = run_dense(problem, settings)
@@ -1332,11 +1351,65 @@ def run_problem(problem: Problem, settings: dict, seed: int = 0):
         gaussian_theta=gaussian_theta,
         importance=importance,
         closed_form_log_norm=closed,
+        quadrature_check=quadrature,
         # other processes on the machine slow every timing above: the 1-minute load
         # average before and after this model's measurements
         load_average_1min=dict(before=load_before, after=_load()),
     )
     return record, figure
+
+
+def quadrature_check(problem: Problem, settings: dict, seed: int = 0) -> dict | None:
+    """Where the model sets fewer Gauss-Hermite nodes than ``LatentGaussian``'s default,
+    the fits with its nodes and with the default, same keys (after compile): how far
+    apart ``q(theta)`` (means in its sd, sds relative) and ``q(f | theta)`` at
+    ``q(theta)``'s mean (means in the field's sd) are, and the time of each (median of
+    ``repeats`` calls). ``None`` where the model keeps the default."""
+    model, theta0 = problem.jaxvb_model
+    default = dataclasses.fields(jaxvb.LatentGaussian)
+    default = next(f.default for f in default if f.name == "num_quadrature")
+    if model.num_quadrature == default:
+        return None
+    models = dict(model=model, default=dataclasses.replace(model, num_quadrature=default))
+    repeats = settings["repeats"][problem.name]
+    fits = {name: [] for name in models}
+    run_s = {}
+    for name, m in models.items():
+        fit = functools.partial(
+            jaxvb.fit, m, theta0, num_steps=settings["num_steps"], on_failure="ignore"
+        )
+        jax.block_until_ready(fit(key=jax.random.key(seed)))  # compile
+        times = []
+        for i in range(1, repeats + 1):
+            res, t = _timed(lambda i=i, fit=fit: fit(key=jax.random.key(seed + i)))
+            fits[name].append(res)
+            times.append(t)
+        run_s[name] = float(np.median(times))
+    diffs = dict(theta_mean_diff_sd=0.0, theta_sd_rel_diff=0.0, field_mean_diff_sd=0.0)
+    for a, b in zip(fits["model"], fits["default"], strict=True):
+        sd = jnp.sqrt(jnp.diagonal(b.q.theta.cov))
+        mu_a, _, _ = a.q.conditional(b.q.theta.mean)
+        mu_b, chol, ops = b.q.conditional(b.q.theta.mean)
+        field_sd = jnp.sqrt(ops.marginal_var(chol))
+        now = dict(
+            theta_mean_diff_sd=jnp.max(jnp.abs(a.q.theta.mean - b.q.theta.mean) / sd),
+            theta_sd_rel_diff=jnp.max(
+                jnp.abs(jnp.sqrt(jnp.diagonal(a.q.theta.cov)) / sd - 1)
+            ),
+            field_mean_diff_sd=jnp.max(jnp.abs(mu_a - mu_b) / field_sd),
+        )
+        diffs = {k: max(v, float(now[k])) for k, v in diffs.items()}
+    return dict(
+        num_quadrature=model.num_quadrature,
+        default=default,
+        keys=[seed + i for i in range(1, repeats + 1)],
+        **diffs,
+        elbo_diff_max=max(
+            abs(float(a.elbo) - float(b.elbo))
+            for a, b in zip(fits["model"], fits["default"], strict=True)
+        ),
+        run_s=run_s,
+    )
 
 
 IMPORTANCE = dict(num_theta=2000, num_f=32)
