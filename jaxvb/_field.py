@@ -57,6 +57,7 @@ import jax.numpy as jnp
 from jax.scipy.linalg import cho_solve, solve_triangular
 
 from jaxvb import linalg
+from jaxvb._process import after
 from jaxvb.families._base import Array
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -378,7 +379,10 @@ def draw(o, p, c, z):
             chol
         )
     chol = o.chol(p)
-    return o.solve(chol, c) + o.back(chol, z), o.logdet(chol)
+    mean = o.solve(chol, c)
+    # the noise's solve after the mean's, not beside it: under vmap both are batched
+    # triangular solves, and two at once can hang jaxlib 0.10 (jaxvb._process.after)
+    return mean + o.back(chol, after(z, mean)), o.logdet(chol)
 
 
 def log_density(o, p, c, f) -> Array:

@@ -866,7 +866,9 @@ class LatentGaussianApproximation(Family):
         z_theta, z_f = noise
         theta = self.theta.from_noise(z_theta)
         mu, chol, ops = self.conditional(theta)
-        return jnp.concatenate([theta, mu + ops.back(chol, z_f)])
+        # the noise's back-solve after the mean's solve: under vmap (many draws) both
+        # are batched triangular solves, and two at once hung jaxlib 0.10 (after)
+        return jnp.concatenate([theta, mu + ops.back(chol, after(z_f, mu))])
 
     def antithetic(self, noise):
         return jax.tree_util.tree_map(jnp.negative, noise)
@@ -896,7 +898,7 @@ class LatentGaussianApproximation(Family):
                 log_q.reshape(tuple(sample_shape)),
             )
         theta, mu, chol, ops, z_f, log_q_f = self._draw_theta(key)
-        v = ops.back(chol, z_f)  # the same bits as sample's
+        v = ops.back(chol, after(z_f, mu))  # the same bits, and order, as sample's
         # q(theta)'s density after the back-solve, not beside it: under vmap both are
         # batched LAPACK calls, and two at once can hang jaxlib 0.10 (_process.after)
         log_q = self.theta.log_prob(after(theta, v)) + log_q_f
@@ -927,7 +929,7 @@ class LatentGaussianApproximation(Family):
         1000 independent draws)."""
         theta, mu, chol, ops, z_f, log_q_f = self._draw_theta(key)
         log_q = self.theta.log_prob(theta) + log_q_f
-        v = ops.back(*after((chol, z_f), log_q))
+        v = ops.back(*after(after((chol, z_f), log_q), mu))
         # log_joint's own factorisation after q's, not beside it (_process.after:
         # under vmap, two batched factorisations at once hung jaxlib 0.10)
         theta, fs = after((theta, jnp.stack([mu + v, mu - v])), log_q)
@@ -1090,7 +1092,7 @@ def _importance_resample(q, key, n, num_theta, num_f, widen):
         mu, chol, ops = q.conditional(th)
         k_z, k_j = jax.random.split(key_i)
         z = _random.normal(k_z, (num_field, num_f), q.dtype)
-        f = (mu[:, None] + ops.back(chol, z)).T  # (num_f, N)
+        f = (mu[:, None] + ops.back(chol, after(z, mu))).T  # (num_f, N), in turn
         log_q_f = 0.5 * (ops.logdet(chol) - num_field * _LOG_2PI) - 0.5 * jnp.sum(z * z, 0)
         m, precision, log_norm = model.prior_of_field(th)
         prior_ops = _field.ops(precision)
@@ -1255,10 +1257,12 @@ def latent_gaussian(hessian: str | None = None, target: str = "ep") -> Method:
             t = jax.vmap(lambda th: q.theta.sufficient_stats(_whiten(q, th)))(points)
             t = t[0] - t[1]
             stats = dict(C=jnp.outer(t, t), gv=t * (both[0] - both[1]))
+            last = both
         elif regression:
             (value, aux), grad = jax.value_and_grad(target_fn, has_aux=True)(theta)
             d = theta - q.theta_centre
             stats = dict(GX=jnp.outer(grad, d), XX=jnp.outer(d, d), g=grad, z=d)
+            last = grad
         else:
             if mode(q) == "autodiff":
                 value, grad, hess, aux = _value_grad_hessian_aux(target_fn)(theta)
@@ -1268,8 +1272,11 @@ def latent_gaussian(hessian: str | None = None, target: str = "ep") -> Method:
                     target_fn, theta, sd, central=mode(q) == "central"
                 )
             stats = dict(P=-hess, g=grad, z=theta)
+            last = hess
         eta, var, mu, chol, d1, d2 = aux
-        f = mu + _field.ops(model.prior_of_field(theta)[1]).back(chol, z_f)
+        # the draw's back-solve after the derivatives (their solves): under vmap,
+        # batched solves side by side can hang jaxlib 0.10 (_process.after)
+        f = mu + _field.ops(model.prior_of_field(theta)[1]).back(chol, after(z_f, last))
         stats.update(A=-d2, G=d1, Z=eta)
         return stats, jnp.concatenate([theta, f]), value
 

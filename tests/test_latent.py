@@ -1184,3 +1184,43 @@ def test_the_paired_diagnostics_report_their_own_spread():
     # an odd number of draws: the last pair's second is dropped, the rest unchanged
     odd = diagnostics.evaluate(keys[0], q, bound, 99)
     assert int(odd.num_nonfinite) == 0 and np.isfinite(float(odd.elbo_stderr))
+
+
+_DENSE_FIELD_DRAWS = """
+import jax, jax.numpy as jnp, jaxvb
+jax.config.update("jax_enable_x64", True)
+y = jnp.array([0.0, 2.0, 1.0, 4.0, 3.0, 5.0, 2.0, 1.0, 0.0, 3.0, 2.0, 4.0])
+model = jaxvb.LatentGaussian(
+    log_prior=lambda th: -0.5 * jnp.sum(th**2),
+    prior=lambda th: (jnp.zeros(12), jnp.exp(th[0]) * jnp.eye(12)),
+    log_lik=lambda f, y: y * f - jnp.exp(f),
+    data=y,
+)
+q = jaxvb.fit(model, jnp.zeros(1), jax.random.key(0), num_steps=100).q
+draw = jax.jit(lambda q, k: q.sample(k, (4000,)))
+both = jax.jit(lambda q, k: q.sample_and_log_prob(k, (4000,)))
+for i in range(60):
+    draw(q, jax.random.key(i)).block_until_ready()
+    jax.block_until_ready(both(q, jax.random.key(i)))
+print("ok")
+"""
+
+
+@pytest.mark.integration
+def test_many_draws_of_a_dense_field_do_not_hang():
+    """A dense field's draws solve for ``q(f | theta)``'s mean and back-solve the noise:
+    under ``vmap`` two batched triangular solves, which side by side hung jaxlib 0.10
+    on 2 cores within the first 30 calls (a ``summary()`` of such a fit froze a test
+    worker, with the suite's flags); the back-solve now waits for the mean
+    (``_process.after``). A subprocess, so that a hang fails the test at its timeout
+    instead of stopping the session."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _DENSE_FIELD_DRAWS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
