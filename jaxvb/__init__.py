@@ -12,14 +12,15 @@ Example:
   [1.0, 1.0]
 """
 
-from jaxvb import diagnostics, families, kernel, methods
-from jaxvb._arviz import to_arviz
-from jaxvb._fit import fit
-from jaxvb._laplace import LaplaceInfo, laplace
-from jaxvb._progress import Progress, ProgressInfo
-from jaxvb._result import FitError, FitWarning, Result, Status, Trace, check, explain
-from jaxvb._summary import Summary, summary
+from jaxvb import diagnostics, families, io, kernel, methods
+from jaxvb._version import __version__ as __version__
 from jaxvb.batch import fit_batched
+from jaxvb.core.fit import fit
+from jaxvb.core.progress import Progress, ProgressInfo
+from jaxvb.core.result import Result, Trace
+from jaxvb.core.start import LaplaceInfo, init_mixture, laplace
+from jaxvb.core.status import FitError, FitWarning, Status, check, explain
+from jaxvb.core.summary import Summary, summary
 from jaxvb.families import (
     Beta,
     Exponential,
@@ -30,12 +31,10 @@ from jaxvb.families import (
     GaussianMixture,
     InverseGamma,
 )
-from jaxvb.io import load, save
+from jaxvb.interop.arviz import to_arviz
+from jaxvb.interop.io import load, save
 from jaxvb.latent import LatentGaussian
-from jaxvb.methods.mixture import init_mixture
 from jaxvb.structure import Factors, Minibatch
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Beta",

@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from jaxvb import demo as demo_module
+
 #: Where the benchmark scripts are in a source checkout (an editable install).
 BENCHMARKS_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -95,8 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "benchmark" and (unknown or passed_on):
         parser.error(f"unrecognized arguments: {' '.join(unknown + passed_on)}")
     if args.command in (None, "demo"):
-        from jaxvb import demo as demo_module
-
         demo_module.run(getattr(args, "seed", 0))
         return 0
     return _benchmark(bench, args, unknown + passed_on)

@@ -14,6 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jaxvb
+from jaxvb.models import beta_binomial
+
 
 def _timed(fn, *args):
     """(result, compile + first run seconds, steady-state run seconds)."""
@@ -46,9 +49,6 @@ def run(seed: int = 0) -> dict:
       (2.0, 0.83)
     """
     jax.config.update("jax_enable_x64", True)
-    import jaxvb
-    from jaxvb.models import beta_binomial
-
     key = jax.random.key(seed)
     print(f"jaxvb {jaxvb.__version__} demo  (JAX {jax.__version__}, {jax.devices()[0]})\n")
 

@@ -20,7 +20,7 @@ XLA:CPU's concurrency-optimised scheduler is off too
 (``--xla_cpu_enable_concurrency_optimized_scheduler=false``): with it, jaxlib 0.10 can
 run two independent batched LAPACK calls (vmapped Cholesky factorisations, in jaxvb's
 code or a test's model) at once on a 2-core machine, and each waits on the thread pool
-the other holds: the process hangs (``jaxvb._process.after`` orders jaxvb's own; a
+the other holds: the process hangs (``jaxvb._platform.after`` orders jaxvb's own; a
 reproducer with two, and one with five, independent factorisations hung within seconds
 with the default schedule and ran 3000 calls without it). A CI run lost a worker this
 way and did not finish within its 90 minutes.
@@ -111,7 +111,7 @@ if _CACHE:
 
 import pytest  # noqa: E402
 
-from jaxvb import _process  # noqa: E402
+from jaxvb import _platform  # noqa: E402
 
 #: The hard limit of one test, past pytest-timeout's (pyproject.toml: 900 s).
 _HARD_TIMEOUT_S = 960.0
@@ -139,6 +139,6 @@ def _free_compiled_programs():
     clearing costs the next tests the small programs they compile again).
     """
     yield
-    n = _process.num_maps()
+    n = _platform.num_maps()
     if n is not None and n > 30_000:
         jax.clear_caches()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxvb
-from jaxvb import _fit, kernel
+from jaxvb.core import fit as _fit, kernel
 from jaxvb.families import Family, register_family
 from jaxvb.methods import _registry
 

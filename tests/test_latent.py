@@ -557,13 +557,13 @@ def _field_case(kind):
     "kind", tiered(["dense", "banded", "arrowhead"], slow=["arrowhead"])
 )
 def test_field_algebra_matches_dense_formulas(kind):
-    """jaxvb._field (shared by LatentGaussian and the SV composite) against dense
+    """jaxvb.latent._field (shared by LatentGaussian and the SV composite) against dense
     algebra: log Z from the Gaussian-likelihood identity exp(b'f - f'Sf/2) = N(y | f,
     S^{-1}) (2 pi)^{T/2} |S|^{-1/2} exp(y'Sy/2) with y = S^{-1} b (no shared formula),
     E[log site] with the full covariance (the selected pattern must give the same)."""
     from scipy import stats
 
-    from jaxvb import _field
+    from jaxvb.latent import _field
 
     m, q, sites, s_dense, b, q_dense = _field_case(kind)
     o = _field.ops(q)
@@ -608,12 +608,12 @@ def test_field_algebra_matches_dense_formulas(kind):
     ],
 )
 def test_linear_predictor_algebra_matches_dense_formulas(kind, with_design):
-    """Sites on eta = f[:n] + X f[n:] (jaxvb._field's add_linear_sites, lift, project,
+    """Sites on eta = f[:n] + X f[n:] (jaxvb.latent._field's add_linear_sites, lift, project,
     covariance, linear_variances, trace_product and the fused moments, draw and
     log density) against the dense matrices L = [I, X], P = Q + L'diag(a)L."""
     from scipy import stats
 
-    from jaxvb import _field
+    from jaxvb.latent import _field
 
     m, q, _, _, _, q_dense = _field_case(kind)
     big = q_dense.shape[0]
@@ -772,8 +772,7 @@ def test_newton_stops_at_the_mode(dtype, grad_tol, rtol):
     """The start's Newton iterations stop once converged: the sites' ``q(f | theta)``
     mean is the mode of ``p(f | theta, y)`` (gradient ~0) and 30 more iterations do
     not move it."""
-    from jaxvb import _field
-    from jaxvb.latent import _newton_sites
+    from jaxvb.latent import _field, _newton_sites
 
     counts = jnp.asarray(np.random.default_rng(2).poisson(3.0, size=T), dtype)
     model = jaxvb.LatentGaussian(
@@ -1212,7 +1211,7 @@ def test_many_draws_of_a_dense_field_do_not_hang():
     under ``vmap`` two batched triangular solves, which side by side hung jaxlib 0.10
     on 2 cores within the first 30 calls (a ``summary()`` of such a fit froze a test
     worker, with the suite's flags); the back-solve now waits for the mean
-    (``_process.after``). A subprocess, so that a hang fails the test at its timeout
+    (``_platform.after``). A subprocess, so that a hang fails the test at its timeout
     instead of stopping the session."""
     import subprocess
     import sys

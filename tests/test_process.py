@@ -1,4 +1,4 @@
-"""The guard against the operating system's limit on memory maps (jaxvb._process)."""
+"""The guard against the operating system's limit on memory maps (jaxvb._platform)."""
 
 import os
 
@@ -8,11 +8,11 @@ import pytest
 from helpers import env_with_xla_schedule
 
 import jaxvb
-from jaxvb import _process
+from jaxvb import _platform
 
 
 def test_num_maps_counts_this_process():
-    n = _process.num_maps()
+    n = _platform.num_maps()
     if n is None:
         pytest.skip("no /proc/self/maps on this system")
     assert n > 10
@@ -20,13 +20,13 @@ def test_num_maps_counts_this_process():
 
 @pytest.mark.slow
 def test_fit_clears_compiled_programs_near_the_map_limit(monkeypatch):
-    if _process.num_maps() is None:
+    if _platform.num_maps() is None:
         pytest.skip("no /proc/self/maps on this system")
     double = jax.jit(lambda x: 2 * x)
     double(jnp.ones(2))
     assert double._cache_size() == 1
     # Pretend the limit is just above what the process holds now.
-    monkeypatch.setattr(_process, "_MAX_MAPS", _process.num_maps() + 10)
+    monkeypatch.setattr(_platform, "_MAX_MAPS", _platform.num_maps() + 10)
     with pytest.warns(RuntimeWarning, match="vm.max_map_count"):
         res = jaxvb.fit(
             lambda x: -0.5 * jnp.sum(x**2),
@@ -39,33 +39,33 @@ def test_fit_clears_compiled_programs_near_the_map_limit(monkeypatch):
 
 
 def test_no_clearing_inside_a_trace(monkeypatch):
-    monkeypatch.setattr(_process, "_MAX_MAPS", 1)
-    assert jax.jit(lambda x: x + _process.guard_maps())(0) == 0
+    monkeypatch.setattr(_platform, "_MAX_MAPS", 1)
+    assert jax.jit(lambda x: x + _platform.guard_maps())(0) == 0
 
 
 def test_maps_are_counted_again_only_after_a_compilation(monkeypatch):
     """A second fit that compiles nothing new does not read /proc/self/maps (10-20 ms
     in a process holding 10,000-20,000 maps)."""
-    monkeypatch.setattr(_process, "_MAX_MAPS", 10**9)
+    monkeypatch.setattr(_platform, "_MAX_MAPS", 10**9)
     counts = []
-    monkeypatch.setattr(_process, "num_maps", lambda: counts.append(1) or 100)
-    _process.guard_maps()  # whatever compiled before this test
+    monkeypatch.setattr(_platform, "num_maps", lambda: counts.append(1) or 100)
+    _platform.guard_maps()  # whatever compiled before this test
     counts.clear()
-    assert not _process.guard_maps()
+    assert not _platform.guard_maps()
     assert counts == []  # nothing compiled since the last count
     jax.jit(lambda x: x * 3.0 + 1.0)(jnp.ones(3))  # a new program
-    assert not _process.guard_maps()
+    assert not _platform.guard_maps()
     assert counts == [1]
 
 
 def test_no_clearing_far_from_the_limit(monkeypatch):
-    monkeypatch.setattr(_process, "_MAX_MAPS", 10**9)
-    assert not _process.guard_maps()
+    monkeypatch.setattr(_platform, "_MAX_MAPS", 10**9)
+    assert not _platform.guard_maps()
 
 
 def test_jaxvbs_programs_compile_at_level_1_unless_xla_flags_set_a_level(monkeypatch):
     """jaxvb's own programs on the CPU: XLA's backend at optimisation level 1 (quicker
-    to compile than the default 2, as fast to run: ``_process._CPU_OPTIONS``), unless
+    to compile than the default 2, as fast to run: ``_platform._CPU_OPTIONS``), unless
     ``XLA_FLAGS`` sets a level (the tests set 0), which a compiler option would
     override."""
     if jax.default_backend() != "cpu":
@@ -76,13 +76,13 @@ def test_jaxvbs_programs_compile_at_level_1_unless_xla_flags_set_a_level(monkeyp
         if not f.startswith("--xla_backend_optimization_level")
     )
     monkeypatch.setenv("XLA_FLAGS", unset)
-    options = _process.compile_options.__wrapped__()
+    options = _platform.compile_options.__wrapped__()
     if options:  # an XLA that knows the options
         assert options["xla_backend_optimization_level"] == 1
     monkeypatch.setenv("XLA_FLAGS", unset + " --xla_backend_optimization_level=0")
-    assert "xla_backend_optimization_level" not in _process.compile_options.__wrapped__()
+    assert "xla_backend_optimization_level" not in _platform.compile_options.__wrapped__()
     # the tests' own setting: level 0 from conftest's XLA_FLAGS
-    assert "xla_backend_optimization_level" not in _process.compile_options()
+    assert "xla_backend_optimization_level" not in _platform.compile_options()
 
 
 def test_after_keeps_the_values_and_no_nan_of_what_it_waits_for():
@@ -90,15 +90,15 @@ def test_after_keeps_the_values_and_no_nan_of_what_it_waits_for():
     ``before`` is NaN (a failed factorisation), and passes gradients to ``x``."""
     x = {"a": jnp.arange(3.0), "n": jnp.arange(3)}
     for before in (jnp.ones((2, 2)), jnp.full((2, 2), jnp.nan)):
-        out = jax.jit(_process.after)(x, before)
+        out = jax.jit(_platform.after)(x, before)
         assert out["a"].tolist() == [0.0, 1.0, 2.0] and out["n"].dtype == x["n"].dtype
-    grad = jax.grad(lambda v: jnp.sum(_process.after(v, jnp.nan) ** 2))(jnp.ones(2))
+    grad = jax.grad(lambda v: jnp.sum(_platform.after(v, jnp.nan) ** 2))(jnp.ones(2))
     assert grad.tolist() == [2.0, 2.0]
 
 
 _TWO_FACTORISATIONS = """
 import jax, jax.numpy as jnp
-from jaxvb._process import after
+from jaxvb._platform import after
 jax.config.update("jax_enable_x64", True)
 
 def f(a, b):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxvb
-from jaxvb import _progress
+from jaxvb.core import progress as _progress
 
 KEY = jax.random.key(6)
 Q0 = jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2))

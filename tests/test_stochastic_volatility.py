@@ -280,7 +280,7 @@ def test_long_series_is_linear_in_T():
 def test_direct_gradient_equals_autodiff_through_the_factorisation():
     """Eq. svapprox's dH/dtheta from the selected inverse == jax.grad through the scans."""
     # The module, not the function of the same name that jaxvb.composite exports.
-    h = importlib.import_module("jaxvb.composite.hierarchical")
+    h = importlib.import_module("jaxvb.latent.hierarchical")
     y = jnp.asarray(sv.simulate(jax.random.key(3), 40, 0.9, 0.1, 0.8))
     q = sv.initial_q(y)
     model = q.gaussian.model
@@ -348,7 +348,7 @@ def test_a_draw_of_phi_that_rounds_to_one_leaves_the_fit_clean(gbpusd_fit):
     y = jnp.asarray(sv.simulate(jax.random.key(5), 30, 0.9, 0.1, 0.8))
     q = sv.initial_q(y)
     for u in (1.0, 1.0 - 2.0**-53, 0.0):
-        mean, cov, _ = importlib.import_module("jaxvb.composite.hierarchical")._conditional(
+        mean, cov, _ = importlib.import_module("jaxvb.latent.hierarchical")._conditional(
             q, jnp.array([u, 0.05])
         )
         assert jnp.all(jnp.isfinite(mean)) and jnp.all(jnp.isfinite(cov.band))

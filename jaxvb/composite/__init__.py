@@ -1,6 +1,6 @@
 """Composite approximations: hierarchical blocks (section 6.1)."""
 
-from jaxvb.composite.hierarchical import (
+from jaxvb.latent.hierarchical import (
     ConditionalBlock,
     GaussianSitesBlock,
     Hierarchical,

@@ -4,7 +4,7 @@ from jaxvb.methods._base import Method, trust_region, value_grad_hessian
 from jaxvb.methods._registry import names, register, resolve
 from jaxvb.methods.gradient import MEAN_CHOLESKY, GradientStats, Parameterization, gradient
 from jaxvb.methods.hessian import HessianStats, hessian
-from jaxvb.methods.mixture import MixtureStats, init_mixture, mixture
+from jaxvb.methods.mixture import MixtureStats, mixture
 from jaxvb.methods.regression import RegressionStats, expected_outer_stats, regression
 from jaxvb.methods.sites import SiteStats, sites
 
@@ -18,7 +18,6 @@ __all__ = [
     "RegressionStats",
     "expected_outer_stats",
     "hessian",
-    "init_mixture",
     "mixture",
     "MixtureStats",
     "names",

@@ -35,7 +35,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxvb._laplace import laplace
 from jaxvb.families._base import build
 from jaxvb.families.mixture import GaussianMixture
 from jaxvb.methods._base import Method, value_grad_hessian
@@ -263,42 +262,6 @@ def mixture(
         solve=solve_fn,
         min_draws=lambda q: 1 if sampling == "stratified" else q.num_components,
     )
-
-
-def init_mixture(
-    log_joint: Callable[[jax.Array], jax.Array],
-    x0: jax.Array,
-    num_components: int,
-    *,
-    spread: float = 0.5,
-) -> GaussianMixture:
-    """A deterministic start for a mixture fit: components spread around the Laplace fit.
-
-    Finds the mode and the curvature there with :func:`jaxvb.laplace` (L-BFGS from
-    ``x0``, then Newton steps) and returns :meth:`GaussianMixture.around` of that
-    Gaussian: ``num_components`` equal weights, means ``spread`` standard deviations
-    from the mode along fixed (Halton) directions, covariances ``(1 - spread^2)`` times
-    the Laplace covariance. No randomness: the same arguments give the same start.
-
-    Args:
-      log_joint: unnormalised log posterior, ``x -> scalar``, twice differentiable.
-      x0: where the mode search starts, shape ``(d,)``.
-      num_components: ``K >= 1``.
-      spread: in ``[0, 1)``; see :meth:`GaussianMixture.around`.
-
-    Returns:
-      A :class:`~jaxvb.GaussianMixture` for ``jaxvb.fit(log_joint, q0, key, ...)``.
-      Raises ``ValueError`` where :func:`jaxvb.laplace` does (no mode found, or a
-      Hessian there that is not negative definite).
-
-    Example:
-      >>> import jax.numpy as jnp, jaxvb
-      >>> q0 = jaxvb.init_mixture(lambda x: -0.5 * jnp.sum((x - 1.0) ** 2),
-      ...                         jnp.zeros(2), 3)
-      >>> q0.num_components, q0.mean.round(6).tolist()
-      (3, [1.0, 1.0])
-    """
-    return GaussianMixture.around(laplace(log_joint, x0), num_components, spread=spread)
 
 
 register("mixture", mixture, default_for=(GaussianMixture,))

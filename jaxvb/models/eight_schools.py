@@ -39,14 +39,14 @@ import numpy as np
 from jax.typing import ArrayLike
 
 import jaxvb as _engine  # the public fit and Result
-from jaxvb.composite.hierarchical import (
+from jaxvb.families._base import build
+from jaxvb.families.gamma import Gamma
+from jaxvb.latent.hierarchical import (
     ConditionalBlock,
     GaussianSitesBlock,
     Hierarchical,
     hierarchical,
 )
-from jaxvb.families._base import build
-from jaxvb.families.gamma import Gamma
 from jaxvb.linalg import Arrowhead
 
 #: Estimated treatment effects and their standard errors (Rubin 1981, table 2).

@@ -42,6 +42,8 @@ import numpy as np
 from jax.tree_util import Partial
 from jax.typing import ArrayLike
 
+from jaxvb.models import eight_schools
+
 __all__ = [
     "POSTERIORS",
     "arma11",
@@ -279,8 +281,6 @@ def eight_schools_noncentered() -> Partial:
       >>> round(float(posteriors.eight_schools_noncentered()(jnp.zeros(10))), 4)
       -43.4356
     """
-    from jaxvb.models import eight_schools  # its hierarchical half needs more imports
-
     return Partial(eight_schools.log_joint_noncentered)
 
 

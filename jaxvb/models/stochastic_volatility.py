@@ -38,16 +38,16 @@ from jax.typing import ArrayLike
 
 import jaxvb as _engine  # the public fit, Result and check
 from jaxvb._special import betaln
-from jaxvb.composite.hierarchical import (
+from jaxvb.families._base import build, register_dataclass
+from jaxvb.families.beta import Beta
+from jaxvb.families.inverse_gamma import InverseGamma
+from jaxvb.latent import LatentGaussian
+from jaxvb.latent.hierarchical import (
     ConditionalBlock,
     GaussianSitesBlock,
     Hierarchical,
     hierarchical,
 )
-from jaxvb.families._base import build, register_dataclass
-from jaxvb.families.beta import Beta
-from jaxvb.families.inverse_gamma import InverseGamma
-from jaxvb.latent import LatentGaussian
 from jaxvb.linalg import Arrowhead
 
 #: Prior hyperparameters: ``(phi + 1) / 2 ~ Beta(PHI_A, PHI_B)``, ``s2 ~ Inv-Gamma(S2_A, S2_B)``.

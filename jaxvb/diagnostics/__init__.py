@@ -28,33 +28,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxvb._process import after, draws_in_sequence, each_draw
+from jaxvb._platform import after, draws_in_sequence, each_draw
+from jaxvb.core.status import KHAT_FLAG_VARIANCE, KHAT_THRESHOLD
+from jaxvb.families._base import ExponentialFamily
 from jaxvb.families.mixture import GaussianMixture, _halton
-
-#: Stan's k-hat threshold, and the variance of the log ratios below which k-hat is
-#: not read (sd 0.01: the weights are all within ~1% of each other); jaxvb._result
-#: and fit use these.
-KHAT_THRESHOLD = 0.7
-KHAT_MIN_VARIANCE = 1e-4
-#: ... and the variance above which a k-hat over the threshold sets the warning flag
-#: ``Status.HIGH_KHAT`` (an approximate KL(q || p) = s^2 / 2 of 0.25 nats or more):
-#: below it k-hat, a noisy and in many dimensions pessimistic estimate, is reported and
-#: explained but does not flag a fit that is otherwise close (a Gamma fitted to a
-#: log-normal, k-hat 0.7-2.6 at s^2 0.02-0.12; the paper's hierarchical eight schools,
-#: k-hat 2.9 at s^2 0.005).
-KHAT_FLAG_VARIANCE = 0.5
-#: A residual variance this much above the family's own least-squares fit at q's
-#: draws (``Result.reachable_variance``; about 0.2 nats of KL), and by more than three
-#: standard errors, is Status.UNSETTLED (a warning); three times it, POOR_FIT (an error).
-#: Converged fits measured 0.00-0.14 above it (probit, eight schools, a Student-t, a
-#: Gamma fitted to a log-normal); the README's minibatch fit with 100 steps instead of
-#: 2000, 0.08-3.9.
-REACHABLE_EXCESS = 0.4
-#: ``Diagnostics.start_excess`` above this (and above three standard errors) is
-#: ``Status.MISSED_MASS``: the start's draws found 22% more posterior mass than ``q``
-#: covers. Where ``q`` covers the posterior the excess is Monte Carlo noise (the two
-#: estimates share ``q``'s draws, and ``p / r <= 2 p / q``).
-START_EXCESS = 0.2
 
 
 class Diagnostics(NamedTuple):
@@ -293,8 +270,6 @@ def _reachable(q, num_draws: int) -> bool:
     """Whether :func:`evaluate` fits the family's own regression at ``q``'s draws: an
     exponential family with at most ``num_draws / 10 - 1`` statistics, whose draws'
     statistics fit in memory (``num_draws * k <= 2^22``)."""
-    from jaxvb.families._base import ExponentialFamily
-
     if not isinstance(q, ExponentialFamily):
         return False
     k = q.num_stats
@@ -421,7 +396,7 @@ def _log_densities_with_start(key, q, log_joint, num_draws, chunk_size, stats, s
     def draws_of(own, other):
         def draw(ks):
             x, log_own = each(own.sample_and_log_prob, ks)
-            # the other's factorisation after the own's (_process.after)
+            # the other's factorisation after the own's (_platform.after)
             return x, log_own, each(other.log_prob, after(x, log_own))
 
         return draw

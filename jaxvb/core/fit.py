@@ -26,33 +26,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxvb import _process, _progress, _static, diagnostics, kernel
+from jaxvb import _platform, _static, diagnostics
 from jaxvb._algebra import finite_rows, masked_sum, where_tree
-from jaxvb._indices import out_of_bounds_reads
-from jaxvb._laplace import _laplace, default_tol, near_mode, raise_for, working_dtype
-from jaxvb._process import after, draws_in_sequence, jit_fast, outside_traces
-from jaxvb._result import (  # noqa: F401  (re-exported for jaxvb._fit's old users)
-    ERRORS,
-    KHAT_THRESHOLD,
-    FitError,
-    FitWarning,
-    Result,
-    Status,
-    Trace,
-    check,
-    explain,
-)
-from jaxvb.diagnostics import REACHABLE_EXCESS
+from jaxvb._platform import after, draws_in_sequence, jit_fast, outside_traces
+from jaxvb.core import kernel
+from jaxvb.core import progress as _progress
+from jaxvb.core._indices import out_of_bounds_reads
+from jaxvb.core.result import Result, Trace
+from jaxvb.core.start import _laplace, default_tol, near_mode, raise_for, working_dtype
+from jaxvb.core.status import START_SCALE, Status, check, fit_status
 from jaxvb.families._base import ExponentialFamily, Family, is_concrete
 from jaxvb.families.gaussian import Gaussian
 from jaxvb.methods import Method, resolve
-
-#: Fewest finite diagnostic draws from which a negative R^2 is flagged POOR_FIT (the
-#: variances' relative standard error is then ~20% or less).
-MIN_POOR_FIT_DRAWS = 50
-#: A fixed-point shift beyond this multiple of the check's threshold is NOT_CONVERGED
-#: (an error); between the threshold and it, UNSETTLED (a warning).
-UNSETTLED_FACTOR = 3.0
+from jaxvb.structure import Factors
 
 
 @_static.memo_by_signature
@@ -215,7 +201,7 @@ def fit(
       >>> [round(float(v), 6) for v in (res.q.concentration[0], res.q.rate[0])]
       [4.0, 2.0]
     """
-    _process.guard_maps()
+    _platform.guard_maps()
     if on_failure not in ("raise", "warn", "ignore"):
         raise ValueError(
             f"on_failure must be 'raise', 'warn' or 'ignore', got {on_failure!r}"
@@ -488,11 +474,6 @@ def _chunk_size(d: int) -> int:
     return max(1, min(100, _MAX_CHUNK // max(1, d)))
 
 
-#: The start's covariance is scaled by this for the diagnostics' draws of it
-#: (``Status.MISSED_MASS``): defensive, like a mixture's widened evidence draws.
-START_SCALE = 4.0
-
-
 def _wide_start(q0):
     """The start's draws for ``Status.MISSED_MASS``: ``q0`` with ``START_SCALE`` times
     its covariance where it is a dense Gaussian (formed from its precision: no
@@ -514,8 +495,6 @@ def _plain(log_joint) -> bool:
     """Whether ``log_joint`` is a plain function of ``x`` (or a minibatch one) whose
     values the methods may see shifted; a model object that a method reads (a
     :class:`jaxvb.Factors`, a log joint with its own ``start``) keeps its values."""
-    from jaxvb.structure import Factors
-
     return not isinstance(log_joint, Factors) and not callable(
         getattr(log_joint, "start", None)
     )
@@ -606,7 +585,7 @@ def _check_distances(check: _Check, method: Method, log_joint):
             x,
             batch_size=_chunk_size(x.shape[-1]),
         )  # (num_draws, 4): q, the update, the halves' updates
-    # after the densities: both factor the four (_process.after)
+    # after the densities: both factor the four (_platform.after)
     proper = jax.vmap(lambda one: one.is_proper)(after(qs, log_probs))
 
     def distance(i, j):
@@ -768,22 +747,13 @@ def _fit(
         q, good = check.q, check.good
     else:
         q, good = kernel.finalize(state, method, log_joint)
-    status = state.status | jnp.where(good, 0, int(Status.IMPROPER_RESULT))
+    noise = shift
     if checking_on:
         shift, noise = _check_distances(check, method, log_joint)
-        # Three zones, so that a fit near the threshold is not an error with one key
-        # and clean with the next: settled, unsettled (a warning) up to three times
-        # the threshold, not converged (an error) beyond.
-        threshold = jnp.maximum(1.0, noise)
-        settled = jnp.isfinite(shift) & (shift <= threshold)
-        far = ~jnp.isfinite(shift) | (shift > UNSETTLED_FACTOR * threshold)
-        status = status | jnp.where(good & far, int(Status.NOT_CONVERGED), 0)
-        status = status | jnp.where(good & ~settled & ~far, int(Status.UNSETTLED), 0)
 
     # The diagnostics after the check's distances, not beside them: two loops of
-    # factorisations run at once on XLA:CPU's thread pool took the LGCP of
-    # benchmarks/latent_gaussian.py 2.2 s where one after the other takes 1.8 s
-    # (and with jaxlib 0.10's batched LAPACK kernels they can hang: _process.after)
+    # factorisations at once on XLA:CPU's thread pool run slower than one after the
+    # other (and can hang: _platform.after)
     diag = diagnostics.evaluate(
         key_eval,
         after(q, shift) if checking_on else q,
@@ -793,29 +763,7 @@ def _fit(
         start=_wide_start(q0),
     )
     diag = diag._replace(elbo=diag.elbo + offset, log_evidence=diag.log_evidence + offset)
-    status = status | jnp.where(
-        diag.num_nonfinite > 0, int(Status.NONFINITE_DIAGNOSTICS), 0
-    )
-    # R^2 from a handful of draws is noise (num_eval_draws=2 is how callers skip the
-    # diagnostics): judged from MIN_POOR_FIT_DRAWS finite draws or more
-    judged = (num_eval_draws - diag.num_nonfinite) >= MIN_POOR_FIT_DRAWS
-    # q against the family's own least-squares fit at its draws (NaN: not computed),
-    # significant only beyond three standard errors; as for the fixed-point check,
-    # a warning zone below three times the threshold
-    excess = diag.residual_variance - diag.reachable_variance
-    significant = excess > 3.0 * diag.excess_stderr
-    far = significant & (excess > UNSETTLED_FACTOR * REACHABLE_EXCESS)
-    near = significant & (excess > REACHABLE_EXCESS) & ~far
-    poor = (diag.r_squared < 0.0) | far
-    status = status | jnp.where(judged & poor, int(Status.POOR_FIT), 0)
-    status = status | jnp.where(judged & near, int(Status.UNSETTLED), 0)
-    high_khat = (diag.khat > KHAT_THRESHOLD) & diag.khat_informative
-    status = status | jnp.where(judged & high_khat, int(Status.HIGH_KHAT), 0)
-    # draws of q0 found mass that q's miss (a second mode q0 covers)
-    missed = diag.start_excess > jnp.maximum(
-        diagnostics.START_EXCESS, 3.0 * diag.start_excess_stderr
-    )
-    status = status | jnp.where(judged & missed, int(Status.MISSED_MASS), 0)
+    status = fit_status(state.status, good, shift, noise, diag, num_eval_draws)
     return Result(
         q=q,
         elbo=diag.elbo,
@@ -829,7 +777,7 @@ def _fit(
         r_squared_stderr=diag.r_squared_stderr,
         reachable_variance=diag.reachable_variance,
         khat=diag.khat,
-        status=status.astype(jnp.int32),
+        status=status,
         first_improper_step=state.first_improper_step,
         last_improper_step=state.last_improper_step,
         num_damped_steps=state.num_damped_steps,
@@ -838,3 +786,6 @@ def _fit(
         fixed_point_shift=shift,
         trace=infos,
     )
+
+
+__all__ = ["fit"]

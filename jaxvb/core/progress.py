@@ -230,3 +230,6 @@ def _print_line(info: ProgressInfo, file=None) -> None:
         if flagged:
             line += f"  {flagged} flagged"
     print(line, file=sys.stderr if file is None else file, flush=True)
+
+
+__all__ = ["Progress", "ProgressInfo"]

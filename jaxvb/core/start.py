@@ -37,9 +37,10 @@ from jax.scipy.linalg import cho_solve
 
 from jaxvb import _static
 from jaxvb._algebra import precision_factor
-from jaxvb._process import jit_once
+from jaxvb._platform import jit_once
 from jaxvb.families._base import build, is_concrete
 from jaxvb.families.gaussian import Gaussian
+from jaxvb.families.mixture import GaussianMixture
 from jaxvb.methods._base import value_grad_hessian
 
 
@@ -227,7 +228,7 @@ def default_tol(dtype) -> float:
 
     Example:
       >>> import jax.numpy as jnp
-      >>> from jaxvb._laplace import default_tol
+      >>> from jaxvb.core.start import default_tol
       >>> default_tol(jnp.float64), default_tol(jnp.float32)
       (1e-06, 0.001)
     """
@@ -392,3 +393,42 @@ def laplace_traced(log_joint, x0, tol, *, max_iter, vgh=None):
         num_newton=s.num_accepted,
     )
     return build(Gaussian, mean=mode, precision_factor=factor), info
+
+
+def init_mixture(
+    log_joint: Callable[[jax.Array], jax.Array],
+    x0: jax.Array,
+    num_components: int,
+    *,
+    spread: float = 0.5,
+) -> GaussianMixture:
+    """A deterministic start for a mixture fit: components spread around the Laplace fit.
+
+    Finds the mode and the curvature there with :func:`jaxvb.laplace` (L-BFGS from
+    ``x0``, then Newton steps) and returns :meth:`GaussianMixture.around` of that
+    Gaussian: ``num_components`` equal weights, means ``spread`` standard deviations
+    from the mode along fixed (Halton) directions, covariances ``(1 - spread^2)`` times
+    the Laplace covariance. No randomness: the same arguments give the same start.
+
+    Args:
+      log_joint: unnormalised log posterior, ``x -> scalar``, twice differentiable.
+      x0: where the mode search starts, shape ``(d,)``.
+      num_components: ``K >= 1``.
+      spread: in ``[0, 1)``; see :meth:`GaussianMixture.around`.
+
+    Returns:
+      A :class:`~jaxvb.GaussianMixture` for ``jaxvb.fit(log_joint, q0, key, ...)``.
+      Raises ``ValueError`` where :func:`jaxvb.laplace` does (no mode found, or a
+      Hessian there that is not negative definite).
+
+    Example:
+      >>> import jax.numpy as jnp, jaxvb
+      >>> q0 = jaxvb.init_mixture(lambda x: -0.5 * jnp.sum((x - 1.0) ** 2),
+      ...                         jnp.zeros(2), 3)
+      >>> q0.num_components, q0.mean.round(6).tolist()
+      (3, [1.0, 1.0])
+    """
+    return GaussianMixture.around(laplace(log_joint, x0), num_components, spread=spread)
+
+
+__all__ = ["LaplaceInfo", "init_mixture", "laplace"]

@@ -50,7 +50,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxvb import _field, _random, latent
+from jaxvb import _random, latent
 from jaxvb._algebra import solve_equilibrated
 from jaxvb.families._base import (
     Array,
@@ -60,7 +60,7 @@ from jaxvb.families._base import (
     register_dataclass,
     register_family,
 )
-from jaxvb.latent import LatentGaussian
+from jaxvb.latent import LatentGaussian, _field
 from jaxvb.methods._base import Method, trust_region
 from jaxvb.methods.gradient import GradientStats
 
@@ -413,7 +413,7 @@ class HierarchicalStats(NamedTuple):
 
 def _conditional(q: Hierarchical, theta: Array):
     """``q(f | theta)``: mean, covariance on the prior's pattern
-    (:func:`jaxvb._field.covariance`) and factor of its precision."""
+    (:func:`jaxvb.latent._field.covariance`) and factor of its precision."""
     mu, chol, ops = q.gaussian.conditional(theta)
     return mu, _field.covariance(ops, chol), chol
 

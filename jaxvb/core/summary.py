@@ -22,14 +22,14 @@ import math
 import statistics
 import textwrap
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import betainc, gammainc, gammaincc, ndtr
 
-from jaxvb._result import Result, Status, explain
+from jaxvb.core.status import Status, explain
 from jaxvb.families._base import is_concrete
 from jaxvb.families.beta import Beta
 from jaxvb.families.exponential import Exponential
@@ -37,6 +37,9 @@ from jaxvb.families.gamma import Gamma
 from jaxvb.families.gaussian import Gaussian
 from jaxvb.families.inverse_gamma import InverseGamma
 from jaxvb.families.mixture import GaussianMixture
+
+if TYPE_CHECKING:  # Result's module imports this one
+    from jaxvb.core.result import Result
 
 __all__ = ["Summary", "summary"]
 
@@ -216,11 +219,16 @@ def text(result: Result) -> str:
 # ---------------------------------------------------------------------------- rows
 
 
+def _is_result(obj: Any) -> bool:
+    """Whether ``obj`` is a :class:`jaxvb.Result` (whose module imports this one)."""
+    return type(obj).__name__ == "Result" and type(obj).__module__ == "jaxvb.core.result"
+
+
 def _base_result(result: Any) -> Result:
-    if isinstance(result, Result):
+    if _is_result(result):
         return result
     inner = getattr(result, "result", None)
-    if isinstance(inner, Result) and hasattr(result, "log_joint"):
+    if _is_result(inner) and hasattr(result, "log_joint"):
         return inner
     raise TypeError(
         f"summary: expected a jaxvb.Result or a jaxvb.numpyro.NumPyroResult, got "
@@ -254,10 +262,8 @@ def _from_draws(draws: np.ndarray, probs) -> list[tuple[list[float], bool]]:
 
 def _rows(q, key, num_samples, names, probs, max_rows):
     """Rows ``(label, values, exact)`` and notes for the fitted family ``q``."""
-    from jaxvb.latent import LatentGaussianApproximation
-
     notes = []
-    if isinstance(q, LatentGaussianApproximation):
+    if hasattr(q, "num_hyper"):  # a latent field's q(theta) q(f | theta)
         k, t = q.num_hyper, q.num_latent
         labels = _given_names(names, k, "theta")
         stats = _closed_form(q.theta, probs)

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxvb._version import __version__
+
 
 def _import_arviz():
     try:
@@ -64,7 +66,6 @@ def from_draws(
     axes), as ArviZ's ``from_numpyro`` does.
     """
     az = _import_arviz()
-    from jaxvb import __version__
 
     def group(values):
         return _split_chains(values, num_chains) if values else None
@@ -137,3 +138,6 @@ def to_arviz(
             )
         draws = {name: x[:, i] for i, name in enumerate(names)}
     return from_draws(draws, num_chains=num_chains)
+
+
+__all__ = ["to_arviz"]

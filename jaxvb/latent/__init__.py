@@ -19,7 +19,7 @@ with ``q(theta)`` a Gaussian over the unconstrained hyperparameters and Gaussian
 the sites. With the prior's precision banded (``jaxvb.linalg.Banded``, ``w``
 subdiagonals) everything costs ``O(T w^2)`` per step; a dense one ``O(T^3)``. The
 algebra of ``q(f | theta)`` (its moments, ``log Z`` and the sites' terms below) is
-:mod:`jaxvb._field`'s. Fixed effects go last in the field (``design``, an
+:mod:`jaxvb.latent._field`'s. Fixed effects go last in the field (``design``, an
 :class:`jaxvb.linalg.Arrowhead` prior). :mod:`jaxvb.composite` fits the same model
 and ``q(f | theta)`` with the paper's exponential-family ``q(theta)`` instead (the
 stochastic-volatility model of :mod:`jaxvb.models.stochastic_volatility` and the eight
@@ -93,10 +93,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxvb import _field, _random, _static, linalg
+from jaxvb import _random, _static, linalg
 from jaxvb._algebra import cast_tree, precision_factor, solve_gram, solve_precision
-from jaxvb._laplace import default_tol, laplace_traced, near_mode
-from jaxvb._process import after, jit_fast, jit_once
+from jaxvb._platform import after, jit_fast, jit_once
+from jaxvb.core.start import default_tol, laplace_traced, near_mode
+from jaxvb.diagnostics import psis
 from jaxvb.families._base import (
     Array,
     Family,
@@ -106,6 +107,7 @@ from jaxvb.families._base import (
     register_family,
 )
 from jaxvb.families.gaussian import Gaussian, _unpack_precision
+from jaxvb.latent import _field
 from jaxvb.methods._base import Method
 from jaxvb.methods._registry import register
 
@@ -479,7 +481,7 @@ class LatentGaussian:
     def bind(self, theta0: Array) -> LatentGaussian:
         """The model with ``num_hyper`` and ``num_field`` set from a point ``theta0``
         of the hyperparameters (after :meth:`check`): a log joint of flat ``x = (theta,
-        f)``, for a fit from a family of one's own (:func:`jaxvb.composite.hierarchical`).
+        f)``, for a fit from a family of one's own (:func:`jaxvb.latent.hierarchical`).
 
         Example:
           >>> import jax.numpy as jnp, jaxvb
@@ -642,7 +644,7 @@ def _prior_log_norm(ops, precision, log_norm, num_field: int):
 def _conditional(model: LatentGaussian, a, b, theta):
     """``q(f | theta)``: ``(mean, chol, ops, prior mean, prior precision, c,
     log_norm)``, with ``chol`` the factor of ``P = Q + L' diag(a) L`` (``L`` the
-    sites' linear predictor, :func:`jaxvb._field.project`) and ``c = Q m + L' b``
+    sites' linear predictor, :func:`jaxvb.latent._field.project`) and ``c = Q m + L' b``
     (``mean = P^{-1} c``)."""
     m, precision, log_norm = model.prior_of_field(theta)
     ops = _field.ops(precision)
@@ -655,12 +657,12 @@ def _conditional(model: LatentGaussian, a, b, theta):
 
 
 def _log_z(model: LatentGaussian, a, b, theta):
-    """``log Z(theta)`` of :mod:`jaxvb._field` and ``q(f | theta)``'s ``(mean, factor,
+    """``log Z(theta)`` of :mod:`jaxvb.latent._field` and ``q(f | theta)``'s ``(mean, factor,
     ops)``: ``log|Q|`` read off the prior's normalising constant, so that an improper
     prior, flat in some directions, counts its own constant."""
     mu, chol, ops, m, precision, c, log_norm = _conditional(model, a, b, theta)
     num_field = mu.shape[-1]
-    # the prior's factor after q(f | theta)'s, not beside it (_process.after)
+    # the prior's factor after q(f | theta)'s, not beside it (_platform.after)
     prior = after(precision, chol)
     logdet_prior = 2.0 * _prior_log_norm(ops, prior, log_norm, num_field) + (
         num_field * _LOG_2PI
@@ -673,7 +675,7 @@ def _log_z(model: LatentGaussian, a, b, theta):
 
 def _target(model: LatentGaussian, a, b, theta, ep: bool = False):
     """``L(theta)`` (the ELBO with ``f`` integrated out, given the sites; the algebra of
-    :mod:`jaxvb._field`; with ``ep``, each site's Jensen gap added:
+    :mod:`jaxvb.latent._field`; with ``ep``, each site's Jensen gap added:
     :meth:`LatentGaussian.site_gaps`) and, as aux, ``q(f | theta)``'s ``(mean and
     variances of the sites' linear predictor, mean, factor of the precision)`` and the
     sites' expected first and second derivatives ``E d/df_t, E d^2/df_t^2`` (from the
@@ -900,7 +902,7 @@ class LatentGaussianApproximation(Family):
         theta, mu, chol, ops, z_f, log_q_f = self._draw_theta(key)
         v = ops.back(chol, after(z_f, mu))  # the same bits, and order, as sample's
         # q(theta)'s density after the back-solve, not beside it: under vmap both are
-        # batched LAPACK calls, and two at once can hang jaxlib 0.10 (_process.after)
+        # batched LAPACK calls, and two at once can hang jaxlib 0.10 (_platform.after)
         log_q = self.theta.log_prob(after(theta, v)) + log_q_f
         return jnp.concatenate([theta, mu + v]), log_q
 
@@ -930,7 +932,7 @@ class LatentGaussianApproximation(Family):
         theta, mu, chol, ops, z_f, log_q_f = self._draw_theta(key)
         log_q = self.theta.log_prob(theta) + log_q_f
         v = ops.back(*after(after((chol, z_f), log_q), mu))
-        # log_joint's own factorisation after q's, not beside it (_process.after:
+        # log_joint's own factorisation after q's, not beside it (_platform.after:
         # under vmap, two batched factorisations at once hung jaxlib 0.10)
         theta, fs = after((theta, jnp.stack([mu + v, mu - v])), log_q)
         given = getattr(log_joint, "log_joint_given", None)
@@ -1073,8 +1075,6 @@ _IMPORTANCE_HELD = 2**22
 
 @functools.partial(jit_fast, static_argnames=("n", "num_theta", "num_f"))
 def _importance_resample(q, key, n, num_theta, num_f, widen):
-    from jaxvb.diagnostics import psis
-
     model = q.model
     num_field = q.num_latent
     k_theta, k_f, k_pick = jax.random.split(key, 3)
@@ -1275,7 +1275,7 @@ def latent_gaussian(hessian: str | None = None, target: str = "ep") -> Method:
             last = hess
         eta, var, mu, chol, d1, d2 = aux
         # the draw's back-solve after the derivatives (their solves): under vmap,
-        # batched solves side by side can hang jaxlib 0.10 (_process.after)
+        # batched solves side by side can hang jaxlib 0.10 (_platform.after)
         f = mu + _field.ops(model.prior_of_field(theta)[1]).back(chol, after(z_f, last))
         stats.update(A=-d2, G=d1, Z=eta)
         return stats, jnp.concatenate([theta, f]), value

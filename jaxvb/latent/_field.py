@@ -40,7 +40,7 @@ Example:
   1/2)`` and ``log Z = log E[exp(f - f^2 / 2)] = 1/4 - log(2) / 2``:
 
   >>> import jax.numpy as jnp
-  >>> from jaxvb import _field
+  >>> from jaxvb.latent import _field
   >>> o = _field.ops(jnp.eye(1))
   >>> chol, mean, var = o.moments(o.add_sites(jnp.eye(1), jnp.ones(1)), jnp.ones(1))
   >>> round(float(mean[0]), 6), round(float(var[0]), 6)
@@ -57,7 +57,7 @@ import jax.numpy as jnp
 from jax.scipy.linalg import cho_solve, solve_triangular
 
 from jaxvb import linalg
-from jaxvb._process import after
+from jaxvb._platform import after
 from jaxvb.families._base import Array
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -381,7 +381,7 @@ def draw(o, p, c, z):
     chol = o.chol(p)
     mean = o.solve(chol, c)
     # the noise's solve after the mean's, not beside it: under vmap both are batched
-    # triangular solves, and two at once can hang jaxlib 0.10 (jaxvb._process.after)
+    # triangular solves, and two at once can hang jaxlib 0.10 (jaxvb._platform.after)
     return mean + o.back(chol, after(z, mean)), o.logdet(chol)
 
 
