@@ -1,24 +1,127 @@
-"""Keep a long session of fits inside the operating system's limit on memory maps.
+"""Every workaround for jaxlib, XLA or the operating system, in one place.
 
-Every program XLA:CPU compiles keeps its machine code in memory maps of its own (about
-700 for one ``fit``: the iteration, the start, the diagnostics). Linux caps a process at
-``vm.max_map_count`` maps (65,530 by default); past it the next compilation's ``mmap``
-fails and XLA crashes the process with a segmentation fault, losing all its work. A
-notebook or a test session that fits ~90 different models in one process gets there.
-JAX frees the maps with its compiled programs (``jax.clear_caches``), so before
-compiling we look at how many maps the process holds and, near the limit, clear the
-caches (the programs compile again when next used) with a warning that says why.
+Each workaround has a name, says what it works around, the versions it applies to
+and the upstream report, and can be switched off: set ``JAXVB_WORKAROUNDS_OFF`` to a
+comma-separated list of names (or ``all``) before jaxvb is imported. With all of them
+off jaxvb's programs compile with XLA's default options, exactly as a user's own.
+
+=========================  ==========================================================
+``map_guard``              Linux caps a process's memory maps (``vm.max_map_count``);
+                           XLA:CPU keeps each compiled program in maps of its own and
+                           crashes when the next compilation's ``mmap`` fails. Near the
+                           cap ``fit`` clears JAX's compiled programs, with a warning.
+                           Linux, any jaxlib; no upstream fix (raise the cap).
+``cpu_compile_options``    jaxvb's own programs on the CPU compile with XLA's fusion
+                           emitters off and its backend at optimisation level 1 (the
+                           default is 2): quicker to compile, as fast to run
+                           (``benchmarks/xla_options.py`` measures both against XLA's
+                           defaults). Never applied to a program the user compiles.
+``ordered_factorisations`` jaxlib 0.10's batched LAPACK kernels (a vmapped Cholesky,
+                           triangular solve, ...) block on XLA:CPU's intra-op thread
+                           pool; two of them scheduled at once on a machine with as
+                           many cores can each wait on the thread the other holds, and
+                           the process hangs. :func:`after` orders jaxvb's own. Applies
+                           to jaxlib < 0.11.2, which runs the batch serially
+                           (jax-ml/jax#36927 changed the batched path in 0.10.0).
+``sequential_draws``       On the CPU a batch of blocked banded or dense
+                           factorisations runs slower vmapped than in a loop: Monte
+                           Carlo draws of a family that factors a matrix per draw
+                           (``Family.factors_per_draw``) are evaluated one after
+                           another (:func:`each_draw`). Any jaxlib on the CPU.
+``trace_state``            Whether a call is outside every JAX trace (compiler options
+                           and clearing caches are only allowed there) is read from
+                           JAX's private ``jax._src.core.trace_state_clean``; JAX has
+                           no public equivalent. Off: treated as inside a trace (no
+                           compiler options, no clearing).
+=========================  ==========================================================
+
+The test suite's own XLA settings (:func:`test_xla_flags`) live here too, so that the
+whole of jaxvb's dealings with XLA's options can be read in one file.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+
+try:  # trace_state: JAX has no public way to ask whether a trace is active
+    from jax._src import core as _jax_core
+except ImportError:
+    _jax_core = None
+
+#: The workarounds, by name (see the module's docstring).
+WORKAROUNDS = (
+    "map_guard",
+    "cpu_compile_options",
+    "ordered_factorisations",
+    "sequential_draws",
+    "trace_state",
+)
+
+
+def _switched_off() -> frozenset[str]:
+    names = {n.strip() for n in os.environ.get("JAXVB_WORKAROUNDS_OFF", "").split(",")}
+    names.discard("")
+    if "all" in names:
+        return frozenset(WORKAROUNDS)
+    unknown = names - set(WORKAROUNDS)
+    if unknown:
+        raise ValueError(
+            f"JAXVB_WORKAROUNDS_OFF names {sorted(unknown)}, which jaxvb does not know; "
+            f"the workarounds are {', '.join(WORKAROUNDS)} (or 'all')."
+        )
+    return frozenset(names)
+
+
+_OFF = _switched_off()
+
+
+def _jaxlib_version() -> tuple[int, ...]:
+    parts = []
+    for part in jax.lib.__version__.split(".")[:3]:
+        digits = "".join(c for c in part if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def enabled(name: str) -> bool:
+    """Whether the workaround ``name`` is on in this process: not switched off and
+    applicable to this jaxlib.
+
+    Example:
+      >>> from jaxvb import _platform
+      >>> _platform.enabled("map_guard") in (True, False)
+      True
+    """
+    if name not in WORKAROUNDS:
+        raise ValueError(f"unknown workaround {name!r}; known: {', '.join(WORKAROUNDS)}")
+    if name in _OFF:
+        return False
+    if name == "ordered_factorisations":
+        return _jaxlib_version() < (0, 11, 2)
+    return True
+
+
+# ------------------------------------------------------------------ trace_state
+
+
+def outside_traces() -> bool:
+    """Whether this call runs outside every JAX trace (under ``jit``/``vmap`` of
+    ``fit`` the compiled-program caches are in use by the trace around it)."""
+    if not enabled("trace_state"):
+        return False
+    clean = getattr(_jax_core, "trace_state_clean", None)
+    return True if clean is None else bool(clean())  # a JAX without it: guard anyway
+
+
+# -------------------------------------------------------------------- map_guard
 
 _LIMIT_FILE = "/proc/sys/vm/max_map_count"
 _MAPS_FILE = "/proc/self/maps"
@@ -34,16 +137,6 @@ def _read_limit() -> int | None:
 
 
 _MAX_MAPS = _read_limit()
-
-
-def outside_traces() -> bool:
-    # Under jit/vmap of fit the caches are in use by the trace around us: leave them.
-    try:
-        from jax._src import core
-
-        return bool(core.trace_state_clean())
-    except (ImportError, AttributeError):  # a JAX without it: guard anyway
-        return True
 
 
 def num_maps() -> int | None:
@@ -77,6 +170,8 @@ def guard_maps(stacklevel: int = 3) -> bool:
     Returns whether it cleared them. Costs a read of ``/proc/self/maps`` where
     programs were compiled since the last one; a no-op where the limit is unknown.
     """
+    if not enabled("map_guard"):
+        return False
     if _MAX_MAPS is None or not outside_traces() or not _compiles_since_count[0]:
         return False
     _compiles_since_count[0] = 0
@@ -96,29 +191,15 @@ def guard_maps(stacklevel: int = 3) -> bool:
     return True
 
 
-#: XLA options for jaxvb's own programs on the CPU.
-#:
-#: - The fusion emitters off (fused loops emitted the older way). They compile 25-30%
-#:   sooner (the first fit of a posteriordb ARMA(1, 1): 4.5 -> 3.1 s; the test suite:
-#:   17.9 -> 8.6 min) and ran as fast (the same fit's 1000 steps 166 vs 168 ms; a
-#:   d = 1002 hierarchical logistic regression within 6%).
-#: - XLA's backend (LLVM) at optimisation level 1 instead of the default 2. Measured on
-#:   2026-11-29 (2 cores, one process per level, the same keys), first calls, compile
-#:   included: 43.5 -> 35.8 s (the LGCP of ``benchmarks/latent_gaussian.py``), 11.7 ->
-#:   9.5 s and 10.9 -> 9.4 s (its GLMM), 7.1 -> 5.6 s (posteriordb ARMA(1, 1)), 4.8 ->
-#:   4.2 s (``benchmarks/dimension.py``, d = 102), 35.3 -> 35.0 s (the 2500-day SV).
-#:   After compile, within this machine's noise: LGCP 5.3 and 5.0 s against 5.2 and
-#:   4.8, GLMM 0.16-0.22 s against 0.20, SV 0.40-0.46 s against 0.39-0.41, d = 1002
-#:   675 against 689 ms per step. Results move by rounding (<= 1e-12 relative on those
-#:   fits). Level 0 compiles quicker still, but ran the GLMM 3.5x slower. Repeated,
-#:   the levels taking turns: the LGCP 38.5 against 41.4 s (runs 4.8-4.9 s against
-#:   5.3-5.6 s); the GLMM no different beyond the noise (first calls 10.6-10.9 s
-#:   against 10.2-10.8 s, runs 0.16-0.25 s against 0.17-0.23 s, two processes each):
-#:   single pairs of this machine's runs are not to be trusted by a second or two.
-#:
-#: Probed once: a JAX whose XLA lacks an option gets none. An optimisation level set in
-#: ``XLA_FLAGS`` (``--xla_backend_optimization_level``; the tests set 0) keeps its
-#: say: a compiler option would override it.
+# ---------------------------------------------------------- cpu_compile_options
+
+#: XLA options for jaxvb's own programs on the CPU: the fusion emitters off (fused loops
+#: emitted the older way) and XLA's backend (LLVM) at optimisation level 1 instead of
+#: the default 2. Both compile sooner at the same speed after compile;
+#: ``benchmarks/xla_options.py`` measures them against XLA's defaults. Probed once: a
+#: JAX whose XLA lacks an option gets none. An optimisation level set in ``XLA_FLAGS``
+#: (``--xla_backend_optimization_level``) keeps its say: a compiler option would
+#: override it.
 _CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}
 
 
@@ -127,7 +208,7 @@ def compile_options() -> dict:
     """The compiler options of :data:`_CPU_OPTIONS` where the default backend is the
     CPU and XLA knows them, else ``{}``; less the optimisation level where
     ``XLA_FLAGS`` sets one."""
-    if jax.default_backend() != "cpu":
+    if not enabled("cpu_compile_options") or jax.default_backend() != "cpu":
         return {}
     options = dict(_CPU_OPTIONS)
     if "--xla_backend_optimization_level" in os.environ.get("XLA_FLAGS", ""):
@@ -139,6 +220,9 @@ def compile_options() -> dict:
     return options
 
 
+# ------------------------------------------------------------- sequential_draws
+
+
 def draws_in_sequence(q) -> bool:
     """Whether ``q``'s Monte Carlo draws (diagnostics, the convergence check) are
     evaluated one after another rather than vmapped: where the family says each draw
@@ -146,7 +230,9 @@ def draws_in_sequence(q) -> bool:
     batch of blocked banded or dense factorisations runs slower than a loop over them
     (the LGCP of ``benchmarks/latent_gaussian.py``, ``w = 40``: its 2000 diagnostic
     draws in 3.6 s vmapped, 2.5 s in a loop); vectorised elsewhere."""
-    return bool(getattr(q, "factors_per_draw", False)) and jax.default_backend() == "cpu"
+    if not enabled("sequential_draws") or jax.default_backend() != "cpu":
+        return False
+    return bool(getattr(q, "factors_per_draw", False))
 
 
 def each_draw(q) -> Callable:
@@ -155,6 +241,12 @@ def each_draw(q) -> Callable:
     if draws_in_sequence(q):
         return lambda fn, xs: jax.lax.map(fn, xs)
     return lambda fn, xs: jax.vmap(fn)(xs)
+
+
+_ORDERED = enabled("ordered_factorisations")
+
+
+# ------------------------------------------------------- ordered_factorisations
 
 
 def after(x, before):
@@ -175,7 +267,7 @@ def after(x, before):
     one vmapped evaluation factors two matrices per draw: a draw and the other
     density at it, the prior's and ``q(f | theta)``'s factors."""
     leaves = [v for v in jax.tree_util.tree_leaves(before) if hasattr(v, "dtype")]
-    if not leaves:
+    if not leaves or not _ORDERED:
         return x
     flag = jnp.isnan(jnp.ravel(leaves[0])[0])
 
@@ -185,6 +277,9 @@ def after(x, before):
         return v + flag.astype(v.dtype) * jnp.zeros((), v.dtype)
 
     return jax.tree_util.tree_map(tie, x)
+
+
+# ------------------------------------------------------ jaxvb's own programs
 
 
 def jit_fast(
@@ -203,7 +298,7 @@ def jit_fast(
     def compiled():
         if not fast:
             options = dict(compile_options())
-            if once:
+            if once and options:  # on the CPU, where jaxvb sets options at all
                 options["xla_backend_optimization_level"] = 0
             fast.append(
                 jax.jit(fn, static_argnames=static_argnames, compiler_options=options)
@@ -229,3 +324,58 @@ def jit_once(fn: Callable | None = None, *, static_argnames: tuple[str, ...] = (
     ``jax.jit`` of the same function.
     """
     return jit_fast(fn, static_argnames=static_argnames, once=True)
+
+
+# ----------------------------------------------------------- the tests' settings
+
+#: XLA flags the test suite sets for speed (the tests check numbers, not speed):
+#: XLA's backend optimisation off and the fusion emitters off. The concurrency-
+#: optimised scheduler off too, where ``ordered_factorisations`` applies: a test's own
+#: model may factor two matrices side by side, which jaxvb's :func:`after` cannot
+#: order.
+_TEST_FLAGS = (
+    "--xla_backend_optimization_level=0",
+    "--xla_cpu_use_fusion_emitters=false",
+    "--xla_cpu_enable_concurrency_optimized_scheduler=false",
+)
+
+
+def _xla_accepts(flags: tuple[str, ...]) -> bool:
+    """Whether this jaxlib's XLA starts with ``flags`` in ``XLA_FLAGS`` (an unknown flag
+    there is fatal), tried in a subprocess."""
+    env = dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu")
+    code = "import jax.numpy as jnp; jnp.ones(2).sum().block_until_ready()"
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, timeout=300
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return run.returncode == 0
+
+
+def _env_key(flag: str) -> str:
+    return "JAXVB_TEST_" + flag.lstrip("-").split("=")[0].upper()
+
+
+def test_xla_flags(defaults: bool = False) -> list[str]:
+    """The flags the test suite adds to ``XLA_FLAGS``: :data:`_TEST_FLAGS` that this
+    jaxlib's XLA knows (probed once in a subprocess; the answers travel in the
+    environment to xdist workers and the subprocesses tests start), or none with
+    ``defaults`` (the tier that runs as users do).
+
+    Example:
+      >>> from jaxvb import _platform
+      >>> _platform.test_xla_flags(defaults=True)
+      []
+    """
+    if defaults:
+        return []
+    wanted = [f for f in _TEST_FLAGS if "scheduler" not in f or _ORDERED]
+    unknown = [f for f in wanted if _env_key(f) not in os.environ]
+    if unknown and _xla_accepts(tuple(unknown)):
+        os.environ.update({_env_key(f): "1" for f in unknown})
+    for f in unknown:
+        if _env_key(f) not in os.environ:
+            os.environ[_env_key(f)] = "1" if _xla_accepts((f,)) else "0"
+    return [f for f in wanted if os.environ[_env_key(f)] == "1"]

@@ -1,29 +1,17 @@
 """Tests run in float64 (float32 is checked explicitly where it matters) on the CPU.
 
-XLA's backend optimisation is turned off for the tests, and so are XLA:CPU's fusion
-emitters (``--xla_cpu_use_fusion_emitters=false``: fused loops are emitted the older,
-quicker way; the suite took half the time; a jaxlib whose XLA lacks the flag, which it
-would refuse, runs without it): the tests check numbers, not speed, and
-the default settings spend most of the suite's time compiling. Benchmarks and users
-keep the defaults.
+XLA settings come from :func:`jaxvb._platform.test_xla_flags`: for speed, XLA's backend
+optimisation and its fusion emitters are off (the tests check numbers, not speed; the
+default settings spend most of the suite's time compiling). ``JAXVB_TEST_XLA=default``
+runs the tests with XLA's default options, as users run (the ``xla_defaults`` tier of
+``tests/test_platform.py`` does this for the fast tier's smoke tests).
 
 JAX's persistent compilation cache is opt-in: ``JAXVB_TEST_CACHE=1`` stores compiled
 programs in ``.jax_cache/`` at the top of the repository (git-ignored;
-``JAX_COMPILATION_CACHE_DIR`` overrides it). It is set through environment variables, so
-that the xdist workers, the notebook kernels and the benchmark subprocesses the tests
-start all read and fill the same cache, and a second run compiles only what changed.
-It is off by default (and in CI) because jaxlib's cache writer crashed an xdist worker
-with a segmentation fault in CI (``put_executable_and_time``, several processes writing
-one directory); a test never depends on it. Delete the directory to reclaim the space.
-
-XLA:CPU's concurrency-optimised scheduler is off too
-(``--xla_cpu_enable_concurrency_optimized_scheduler=false``): with it, jaxlib 0.10 can
-run two independent batched LAPACK calls (vmapped Cholesky factorisations, in jaxvb's
-code or a test's model) at once on a 2-core machine, and each waits on the thread pool
-the other holds: the process hangs (``jaxvb._platform.after`` orders jaxvb's own; a
-reproducer with two, and one with five, independent factorisations hung within seconds
-with the default schedule and ran 3000 calls without it). A CI run lost a worker this
-way and did not finish within its 90 minutes.
+``JAX_COMPILATION_CACHE_DIR`` overrides it), set through environment variables so that
+the xdist workers, the notebook kernels and the benchmark subprocesses the tests start
+all share it. It is off by default (and in CI): jaxlib's cache writer has crashed an
+xdist worker when several processes wrote one directory. No test depends on it.
 
 Every test has a time limit (``--timeout`` in pyproject.toml, pytest-timeout): a fit
 that never returns fails its test with a traceback instead of stalling the suite.
@@ -38,50 +26,15 @@ NUTS runs. ``-m "not slow and not integration"`` is the fast tier.
 
 import faulthandler
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-_FUSION = "--xla_cpu_use_fusion_emitters=false"
-_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
-
-
-def _key(flag: str) -> str:
-    return "JAXVB_TEST_" + flag.lstrip("-").split("=")[0].upper()
-
-
-def _xla_accepts(flags: tuple[str, ...]) -> bool:
-    """Whether this jaxlib's XLA starts with ``flags`` in ``XLA_FLAGS`` (an unknown flag
-    there is fatal), tried in a subprocess."""
-    env = dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu")
-    code = "import jax.numpy as jnp; jnp.ones(2).sum().block_until_ready()"
-    try:
-        run = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, timeout=300
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return run.returncode == 0
-
-
-def _xla_knows(*flags: str) -> list[str]:
-    """The ``flags`` this jaxlib's XLA accepts, found once (all together in one
-    subprocess, one by one only where that fails); the answers travel in the
-    environment to the xdist workers and the subprocesses the tests start."""
-    unknown = [f for f in flags if _key(f) not in os.environ]
-    if unknown and _xla_accepts(tuple(unknown)):
-        os.environ.update({_key(f): "1" for f in unknown})
-    for f in unknown:
-        if _key(f) not in os.environ:
-            os.environ[_key(f)] = "1" if _xla_accepts((f,)) else "0"
-    return [f for f in flags if os.environ[_key(f)] == "1"]
-
+from jaxvb import _platform  # imports jax, which reads XLA_FLAGS only when first used
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    + " --xla_backend_optimization_level=0"
-    + "".join(" " + flag for flag in _xla_knows(_FUSION, _SCHEDULER))
+_DEFAULTS = os.environ.get("JAXVB_TEST_XLA", "").lower() == "default"
+os.environ["XLA_FLAGS"] = " ".join(
+    [os.environ.get("XLA_FLAGS", ""), *_platform.test_xla_flags(defaults=_DEFAULTS)]
 ).strip()
 _CACHE = os.environ.get("JAXVB_TEST_CACHE", "").lower() in ("1", "true", "yes")
 if _CACHE:
@@ -110,8 +63,6 @@ if _CACHE:
 
 
 import pytest  # noqa: E402
-
-from jaxvb import _platform  # noqa: E402
 
 #: The hard limit of one test, past pytest-timeout's (pyproject.toml: 900 s).
 _HARD_TIMEOUT_S = 960.0

@@ -1,6 +1,10 @@
-"""The guard against the operating system's limit on memory maps (jaxvb._platform)."""
+"""jaxvb._platform: the workarounds for jaxlib, XLA and the OS, their switches, and a tier
+that runs as users do (XLA's default options)."""
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -132,3 +136,63 @@ def test_two_batched_factorisations_in_turn_do_not_hang():
         env=env,
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+_SWITCHED_OFF = """
+import jax, jax.numpy as jnp
+from jaxvb import _platform
+assert not any(_platform.enabled(n) for n in _platform.WORKAROUNDS)
+assert _platform.compile_options() == {}
+assert not _platform.outside_traces()
+x = jnp.arange(3.0)
+assert _platform.after(x, jnp.nan) is x
+print("off")
+"""
+
+
+@pytest.mark.integration
+def test_every_workaround_can_be_switched_off():
+    """``JAXVB_WORKAROUNDS_OFF=all``: no option, no ordering, no private API; an
+    unknown name is a clear error, not ignored."""
+    env = dict(os.environ, JAXVB_WORKAROUNDS_OFF="all", JAX_PLATFORMS="cpu")
+    run = subprocess.run(
+        [sys.executable, "-c", _SWITCHED_OFF], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "off", run.stderr[-2000:]
+    env["JAXVB_WORKAROUNDS_OFF"] = "map_guard,no_such_thing"
+    run = subprocess.run(
+        [sys.executable, "-c", "import jaxvb"], env=env, capture_output=True, text=True
+    )
+    assert run.returncode != 0 and "no_such_thing" in run.stderr
+
+
+@pytest.mark.integration
+def test_smoke_tests_pass_with_xla_default_options():
+    """The tier that runs as users do: the golden fits and ``fit``'s fast tests with
+    XLA's default options (``JAXVB_TEST_XLA=default``: none of the suite's flags), and
+    jaxvb's own options for its own programs, as a user gets them."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, JAXVB_TEST_XLA="default")
+    env["XLA_FLAGS"] = " ".join(
+        f for f in env.get("XLA_FLAGS", "").split() if f not in _platform._TEST_FLAGS
+    )
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "not slow and not integration",
+            "tests/test_golden.py",
+            "tests/test_fit.py",
+            "tests/test_kernel.py",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
