@@ -28,6 +28,7 @@ that ``python -m jaxvb benchmark all --quick`` can run this script with the othe
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import sys
 from collections.abc import Callable
@@ -915,6 +916,30 @@ PAGES = {
     ),
 }
 
+BENCHMARKS = Path(__file__).resolve().parent
+
+
+def pages(results: Path = RESULTS) -> dict[str, Page]:
+    """Every benchmark's page: those of :data:`PAGES`, in that order, then one for each
+    other script in ``benchmarks/`` (its docstring's first line as the title and intro,
+    its ``<name>*.png`` figures), so that a new benchmark is on the site at once."""
+    found = dict(PAGES)
+    shown = {figure for page in PAGES.values() for figure, _ in page.figures}
+    for script in sorted(BENCHMARKS.glob("*.py")):
+        name = script.stem
+        if name.startswith("_") or name == "summary" or name in found:
+            continue
+        doc = ast.get_docstring(ast.parse(script.read_text(encoding="utf-8"))) or name
+        title = doc.strip().splitlines()[0].rstrip(".")
+        figures = tuple(
+            (f.name, f.stem.replace("_", " "))
+            for f in sorted(results.glob(f"{name}*.png"))
+            if f.name not in shown
+        )
+        found[name] = Page(title, f"{title}.", figures)
+    return found
+
+
 #: The environment keys shown on a page, in this order.
 ENVIRONMENT = (
     "backend",
@@ -934,7 +959,7 @@ def _environment_lines(env: dict) -> list[str]:
     rows = [(k, env[k]) for k in ENVIRONMENT if env.get(k) not in (None, "", [])]
     if not rows:
         return []
-    lines = ["| | |", "|---|---|"]
+    lines = ["| setting | value |", "|---|---|"]
     for key, value in rows:
         if isinstance(value, list):
             value = ", ".join(map(str, value))
@@ -953,11 +978,21 @@ def _settings_lines(settings: dict) -> list[str]:
     return ["| setting | value |", "|---|---|", *rows] if rows else []
 
 
-def benchmark_page(name: str, results: Path = RESULTS) -> str:
+def benchmark_page(name: str, page: Page, results: Path = RESULTS) -> str:
     """The Markdown page of one benchmark, from its results."""
-    page = PAGES[name]
     section = next((s for s in SECTIONS if s.__name__ == name), None)
     files = page.results or (name,)
+    if not (results / f"{files[0]}.json").exists() and section is None:
+        return "\n".join(
+            [
+                f"# {page.title}",
+                "",
+                page.intro,
+                "",
+                f"No results are recorded yet: run `python benchmarks/{name}.py`.",
+                "",
+            ]
+        )
     data = _load(results, files[0])
     lines = [
         f"# {page.title}",
@@ -1001,7 +1036,8 @@ def docs_pages(results: Path = RESULTS) -> dict[str, str | Path]:
     (the files in ``results``). The documentation build calls this
     (``docs/hooks/benchmarks.py``), so the pages are always those of the JSON files.
     """
-    pages: dict[str, str | Path] = {}
+    every = pages(results)
+    out: dict[str, str | Path] = {}
     index = [
         "# Benchmarks",
         "",
@@ -1013,28 +1049,22 @@ def docs_pages(results: Path = RESULTS) -> dict[str, str | Path]:
         "whether the result meets the target set for it.",
         "",
     ]
-    for section in SECTIONS:
-        name = section.__name__
-        page = PAGES[name]
-        index += [
-            f"## [{page.title}]({name}.md)",
-            "",
-            page.intro,
-            "",
-            *_table_lines(section(results), COLUMNS[1:]),
-            "",
-        ]
-    pages["benchmarks/index.md"] = "\n".join(index)
-    for name, page in PAGES.items():
-        pages[f"benchmarks/{name}.md"] = benchmark_page(name, results)
+    sections = {section.__name__: section for section in SECTIONS}
+    for name, page in every.items():
+        index += [f"## [{page.title}]({name}.md)", "", page.intro, ""]
+        if name in sections:
+            index += [*_table_lines(sections[name](results), COLUMNS[1:]), ""]
+    out["benchmarks/index.md"] = "\n".join(index)
+    for name, page in every.items():
+        out[f"benchmarks/{name}.md"] = benchmark_page(name, page, results)
         for figure, _ in page.figures:
             path = results / figure
             if not path.exists():
                 raise SystemExit(
                     f"summary: {path} is missing; run `python benchmarks/{name}.py`"
                 )
-            pages[f"benchmarks/{figure}"] = path
-    return pages
+            out[f"benchmarks/{figure}"] = path
+    return out
 
 
 def readme_block(text: str) -> str:
