@@ -266,9 +266,9 @@ def test_dimension_benchmark_quick(tmp_path):
 def test_draws_held_at_once_shrink_with_the_dimension():
     """Diagnostics' chunks and the check's kept draws are bounded in elements, so a
     long latent field (d ~ 10^6) needs no more memory than a moderate model."""
-    from jaxvb.core import fit as _fit
+    from jaxvb.core import convergence
 
-    assert _fit._chunk_size(5) == 100 and _fit._chunk_size(10_000) == 100
-    assert _fit._chunk_size(100_000) == 10 and _fit._chunk_size(10**6) == 1
-    assert _fit._chunk_size(10**6) * 10**6 <= _fit._MAX_CHUNK
-    assert max(16, _fit._MAX_HELD // 10**6) == 16
+    assert convergence.chunk_size(5) == 100 and convergence.chunk_size(10_000) == 100
+    assert convergence.chunk_size(100_000) == 10 and convergence.chunk_size(10**6) == 1
+    assert convergence.chunk_size(10**6) * 10**6 <= convergence.MAX_CHUNK
+    assert max(16, convergence.MAX_HELD // 10**6) == 16

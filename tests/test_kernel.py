@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import jaxvb
-from jaxvb.core import fit as _fit, kernel
+from jaxvb.core import convergence, kernel
+from jaxvb.core import fit as _fit
 from jaxvb.families import Family, register_family
 from jaxvb.methods import _registry
 
@@ -226,7 +227,7 @@ def test_the_check_takes_a_quarter_of_the_iteration_by_default():
         return kwargs["num_check_draws"]
 
     assert check_draws(1000) == 200 and check_draws(250) == 62
-    assert check_draws(20) == _fit._MIN_CHECK_DRAWS == 32
+    assert check_draws(20) == convergence.MIN_CHECK_DRAWS == 32
     assert check_draws(250, num_draws=4) == 200
     assert check_draws(250, antithetic=True) == 125
     assert check_draws(250, asked=150) == 150

@@ -20,84 +20,24 @@ import math
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxvb import _platform, _static, diagnostics
-from jaxvb._algebra import finite_rows, masked_sum, where_tree
-from jaxvb._platform import after, draws_in_sequence, jit_fast, outside_traces
-from jaxvb.core import kernel
+from jaxvb._algebra import where_tree
+from jaxvb._platform import after, jit_fast, outside_traces
+from jaxvb.core import convergence, kernel
 from jaxvb.core import progress as _progress
-from jaxvb.core._indices import out_of_bounds_reads
 from jaxvb.core.result import Result, Trace
 from jaxvb.core.start import _laplace, default_tol, near_mode, raise_for, working_dtype
 from jaxvb.core.status import START_SCALE, Status, check, fit_status
+from jaxvb.core.validate import check_key, check_log_joint, validate
 from jaxvb.families._base import ExponentialFamily, Family, is_concrete
 from jaxvb.families.gaussian import Gaussian
 from jaxvb.methods import Method, resolve
 from jaxvb.structure import Factors
-
-
-@_static.memo_by_signature
-def _check_log_joint(log_joint, q0):
-    """``q0`` is a family or the ShapeDtypeStruct of a starting point (a trace of
-    ``log_joint``: kept per model structure and shapes)."""
-    if isinstance(q0, jax.ShapeDtypeStruct):
-        x, what = q0, f"the starting point x0 of shape {q0.shape}"
-    else:
-        x = jax.ShapeDtypeStruct(q0.event_shape, q0.dtype)
-        what = f"q0 = {type(q0).__name__} with event shape {q0.event_shape}"
-    try:
-        closed, out = jax.make_jaxpr(log_joint, return_shape=True)(x)
-    except Exception as e:
-        raise ValueError(
-            f"log_joint failed on a draw of shape {x.shape} ({x.dtype}) from {what}: {e}. "
-            "Does q0 have the dimension log_joint expects?"
-        ) from e
-    if not isinstance(out, jax.ShapeDtypeStruct):
-        raise TypeError(f"log_joint must return one array, got {type(out).__name__}")
-    reads = out_of_bounds_reads(closed)
-    if reads:
-        raise ValueError(
-            f"log_joint reads outside an array at a draw of shape {x.shape} from {what}: "
-            f"{'; '.join(reads[:3])}. JAX clamps such an index (x[1] of a one-element x "
-            "reads x[0]) instead of raising, so the fit would be of another model. Does "
-            "q0 have the dimension log_joint expects?"
-        )
-    if out.shape != ():
-        raise ValueError(
-            f"log_joint must return a scalar, got shape {out.shape}. Sum the terms of the "
-            "log density (e.g. jnp.sum(...)), and check that q0 has the model's dimension."
-        )
-    if not jnp.issubdtype(out.dtype, jnp.floating):
-        raise TypeError(
-            f"log_joint must return a floating-point scalar, got dtype {out.dtype}. "
-            "Return the log density itself, not a count or a boolean."
-        )
-    return out.dtype
-
-
-def _check_key(key) -> None:
-    """A JAX random key: a typed key (``jax.random.key``) or a raw ``uint32[2]`` one
-    (``jax.random.PRNGKey``)."""
-    dtype = getattr(key, "dtype", None)
-    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-        if key.shape == ():
-            return
-    elif dtype == jnp.uint32 and getattr(key, "shape", None) == (2,):
-        return
-    raise TypeError(
-        "key must be one JAX random key, jax.random.key(seed), got "
-        + (
-            f"an array of dtype {dtype} and shape {key.shape}"
-            if dtype is not None
-            else type(key).__name__
-        )
-        + ". Under jax.vmap, map over jax.random.split(key, n)."
-    )
 
 
 def fit(
@@ -206,7 +146,7 @@ def fit(
         raise ValueError(
             f"on_failure must be 'raise', 'warn' or 'ignore', got {on_failure!r}"
         )
-    _check_key(key)
+    check_key(key)
     laplace_failed = None
     prefetch = None  # the fit's program compiling beside the start
     fit_options = dict(
@@ -240,7 +180,7 @@ def fit(
             laplace_failed = ~ok
         else:
             x0 = x0.astype(jnp.result_type(x0.dtype, float))
-            out = _check_log_joint(log_joint, jax.ShapeDtypeStruct(x0.shape, x0.dtype))
+            out = check_log_joint(log_joint, jax.ShapeDtypeStruct(x0.shape, x0.dtype))
             checked = True  # the Laplace Gaussian has x0's shape and dtype
             if laplace_tol is None:
                 laplace_tol = default_tol(working_dtype(x0.dtype, out))
@@ -257,53 +197,9 @@ def fit(
             laplace_failed = ~near_mode(info)
             if on_failure == "raise" and is_concrete(laplace_failed) and laplace_failed:
                 raise_for(info, q0, laplace_tol)  # names the cause
-    if not isinstance(q0, Family):
-        raise TypeError(
-            f"q0 must be a jaxvb family such as jaxvb.Gaussian(mean, cov), or a starting "
-            f"point x0, got {type(q0).__name__}"
-        )
-    if math.prod(q0.event_shape) == 0:
-        raise ValueError(
-            f"q0 = {type(q0).__name__} has event shape {q0.event_shape}, dimension 0; "
-            "there is nothing to fit"
-        )
-    if jnp.dtype(q0.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
-        raise TypeError(
-            f"q0 has dtype {jnp.dtype(q0.dtype).name}; jaxvb fits in float32 or float64 "
-            "(float16 and bfloat16 lose the regression statistics to round-off). Build "
-            "q0 from float32 or float64 arrays."
-        )
-    m = resolve(method, q0)
-    if not isinstance(num_steps, (int, np.integer)) or num_steps < 2:
-        raise ValueError(f"num_steps must be an integer >= 2, got {num_steps!r}")
-    if not isinstance(max_backtracks, (int, np.integer)) or max_backtracks < 0:
-        raise ValueError(f"max_backtracks must be an integer >= 0, got {max_backtracks!r}")
-    if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
-        raise ValueError(f"num_draws must be a positive integer, got {num_draws!r}")
-    if not isinstance(num_eval_draws, (int, np.integer)) or num_eval_draws < 2:
-        raise ValueError(
-            "num_eval_draws (draws of q for the diagnostics) must be an integer >= 2: a "
-            f"variance needs two draws; got {num_eval_draws!r}"
-        )
-    per_step = num_draws * (2 if antithetic else 1)
-    averaged = (num_steps - num_steps // 2) * per_step
-    needed = m.min_draws(q0)
-    if averaged < needed:
-        least = 2 * math.ceil(needed / per_step)
-        raise ValueError(
-            f"num_steps={num_steps} is too small for {m.name} on {type(q0).__name__}: the "
-            f"average over the second half holds {averaged} draws, but solving for its "
-            f"{needed} unknowns needs at least {needed}. Use num_steps >= {least} (the "
-            "paper's 2(k + 1) with one draw per step), or more draws per step."
-        )
-    if antithetic:  # traced only: raises early where the family has no antithetic
-        jax.eval_shape(lambda k: q0.antithetic(q0.noise(k)), key)
-    if step_size is None:
-        step_size = 1.0 / math.sqrt(num_steps)
-    if is_concrete(step_size) and not 0.0 < float(step_size) <= 1.0:
-        raise ValueError(f"step_size must lie in (0, 1], got {step_size}")
+    m, step_size = validate(q0, key, fit_options)
     if not checked:
-        _check_log_joint(log_joint, q0)
+        check_log_joint(log_joint, q0)
     args, kwargs = _fit_arguments(
         log_joint, q0, key, **dict(fit_options, method=m, step_size=step_size)
     )
@@ -341,16 +237,8 @@ def _fit_arguments(
     if step_size is None:
         step_size = 1.0 / math.sqrt(num_steps)
     if num_check_draws is None:
-        # the check keeps its draws until the end: at most ~32 MB of them (a long
-        # latent field, d ~ 10^6, gets 16 draws); and it costs at most a quarter of the
-        # iteration's draws (each a step of the same loop), 32 at least
         per_step = num_draws * (2 if antithetic else 1)
-        num_check_draws = min(
-            num_eval_draws,
-            200,
-            max(16, _MAX_HELD // _size(q0)),
-            max(_MIN_CHECK_DRAWS, num_steps * per_step // 4),
-        )
+        num_check_draws = convergence.default_draws(q0, num_steps, per_step, num_eval_draws)
     # Half the check's draws must solve the method's statistics, with room to spare.
     if num_check_draws < 4 * m.min_draws(q0):
         num_check_draws = 0
@@ -372,26 +260,6 @@ def _fit_arguments(
         progress=_progress.resolve(progress, int(num_steps)),
     )
     return (arrays, q0, key, w), kwargs
-
-
-def _would_run(q0, options) -> bool:
-    """Whether ``fit``'s checks after the start pass for a ``q0`` of these shapes (a
-    thread compiling for a call that then raises would outlive it)."""
-    if not isinstance(q0, Family) or math.prod(q0.event_shape) == 0:
-        return False
-    if jnp.dtype(q0.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
-        return False
-    num_steps, num_draws = options["num_steps"], options["num_draws"]
-    if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
-        return False
-    if not isinstance(options["max_backtracks"], (int, np.integer)):
-        return False
-    per_step = num_draws * (2 if options["antithetic"] else 1)
-    m = resolve(options["method"], q0)
-    if (num_steps - num_steps // 2) * per_step < m.min_draws(q0):
-        return False
-    step_size = options["step_size"]
-    return step_size is None or not is_concrete(step_size) or 0.0 < float(step_size) <= 1.0
 
 
 def _prefetch(start, x0, log_joint, key, options):
@@ -427,8 +295,7 @@ def _prefetch(start, x0, log_joint, key, options):
             model, q0, _ = jax.eval_shape(start, x0)
         else:
             model, q0 = log_joint, jax.eval_shape(start, x0)
-        if not _would_run(q0, options):
-            return None  # the call raises before it compiles
+        validate(q0, key, options, abstract=True)  # raises where the call will
         args, kwargs = _fit_arguments(model, q0, key, **options, abstract=True)
         if log_joint is not None:
             args = (_static.partition(model)[0],) + args[1:]
@@ -453,25 +320,6 @@ def _prefetch(start, x0, log_joint, key, options):
 
 #: Signatures of the calls whose program :func:`_prefetch` compiled.
 _PREFETCHED: set = set()
-
-
-#: Elements of draws held at once: by the check (its draws, to the end of the fit) and
-#: by a chunk of the diagnostics or of the check's distances (their work arrays).
-_MAX_HELD = 2**22
-_MAX_CHUNK = 2**20
-#: The fewest draws the convergence check takes by default (a short fit's: the check
-#: costs at most a quarter of the iteration's draws otherwise).
-_MIN_CHECK_DRAWS = 32
-
-
-def _size(q) -> int:
-    return max(1, math.prod(q.event_shape))
-
-
-def _chunk_size(d: int) -> int:
-    """Draws evaluated at once: 100, fewer for a long event (one at d ~ 10^6), so that
-    memory stays bounded whatever the dimension."""
-    return max(1, min(100, _MAX_CHUNK // max(1, d)))
 
 
 def _wide_start(q0):
@@ -535,67 +383,6 @@ class _Centred:
         return jnp.asarray(values).astype(self.dtype) - self.offset
 
 
-class _Check(NamedTuple):
-    """The convergence check's part of the scan's carry.
-
-    ``q``/``good``: the fit's result (:func:`kernel.finalize` at the last step), whose
-    draws the check steps use; ``sums``/``counts``: their statistics summed for the two
-    halves of the check (leading axis 2); ``x``: the draws, one row per check step.
-    """
-
-    q: Any
-    good: jax.Array
-    sums: Any
-    counts: jax.Array
-    x: Any
-
-
-def _check_distances(check: _Check, method: Method, log_joint):
-    """``(shift, noise)`` from the check steps' statistics.
-
-    At a solution the regression of the paper returns ``q`` itself, so the update from
-    draws of a converged ``q`` differs from it by Monte Carlo noise only. ``shift`` is
-    KL(q || update) and ``noise`` KL(update_1 || update_2) between the updates of the
-    two halves of the draws (about four times the noise of ``shift``), both to second
-    order, ``Var_q[log a - log b] / 2`` on the check's own draws of ``q`` (a second set
-    of draws would cost another random-number program to compile): unlike the natural
-    parameters, ``log_prob`` stays accurate for ill-conditioned Gaussians.
-    """
-    q, dtype = check.q, check.q.dtype
-    tree = jax.tree_util.tree_map
-
-    def update(total, n):
-        mean = tree(lambda v: v / jnp.maximum(n, 1.0).astype(dtype), total)
-        return method.solve(mean, q, log_joint)
-
-    # The three updates (all draws, each half) in one vmapped solve, and the log
-    # densities of q and of them in one vmapped log_prob: each traced once, not three
-    # and four times (a structured q's solve and log_prob are much of what the check
-    # compiles: a latent field's banded factorisations)
-    both = tree(lambda v: jnp.stack([v[0] + v[1], v[0], v[1]]), check.sums)
-    counts = jnp.stack([check.counts[0] + check.counts[1], *check.counts])
-    updates = jax.vmap(update)(both, counts)
-    qs = tree(lambda a, b: jnp.concatenate([a[None], b]), q, updates)
-    x = check.x.reshape(-1, *check.x.shape[2:])
-    if draws_in_sequence(q):  # one factorisation after another (a latent field's)
-        log_probs = jax.lax.map(lambda xi: jax.lax.map(lambda one: one.log_prob(xi), qs), x)
-    else:
-        log_probs = jax.lax.map(
-            lambda xi: jax.vmap(lambda one: one.log_prob(xi))(qs),
-            x,
-            batch_size=_chunk_size(x.shape[-1]),
-        )  # (num_draws, 4): q, the update, the halves' updates
-    # after the densities: both factor the four (_platform.after)
-    proper = jax.vmap(lambda one: one.is_proper)(after(qs, log_probs))
-
-    def distance(i, j):
-        value = 0.5 * jnp.var(log_probs[:, i] - log_probs[:, j])
-        ok = proper[i] & proper[j] & jnp.isfinite(value)
-        return jnp.where(ok, value, jnp.inf)
-
-    return distance(0, 1), distance(2, 3)
-
-
 @partial(
     jit_fast,
     static_argnames=(
@@ -654,29 +441,25 @@ def _fit(
         log_joint = _Shifted(log_joint, offset)
 
     state0 = kernel.init(key_init, q0, log_joint, method)
+    rec0 = kernel.start_record(q0)
 
     # Did the iteration settle? One more update from fresh draws of q must give q back
-    # (up to its noise). The check's draws run as extra steps of the same scan, the
-    # update swapped for a sum, so that the log joint's derivatives (most of the
-    # program) are compiled once: a second traced estimate doubled the compile time.
+    # (up to its noise): the check's draws run as extra steps of the same scan.
     per_step = num_draws * (2 if antithetic else 1)
-    num_check_steps = 2 * -(-(num_check_draws // 2) // per_step) if num_check_draws else 0
+    num_check_steps = convergence.num_steps_for(num_check_draws, per_step)
     checking_on = num_check_steps > 0
-    zeros2 = jax.tree_util.tree_map(lambda v: jnp.zeros((2, *v.shape), dtype), state0.stats)
     # Every step's draw keys, the check's steps included, split before the loop (the
-    # same keys as splitting each step's key inside it; inside, each split is a chain of
-    # small runtime steps, ~5% of the 250-step SV fit on the CPU). A split's first n
-    # keys do not depend on how many follow, so the iteration's keys are those of a fit
-    # without the check; one split, not two: each is a program to compile.
+    # same keys as splitting each step's key inside it, where each split is a chain of
+    # small runtime steps). A split's first n keys do not depend on how many follow, so
+    # the iteration's keys are those of a fit without the check; one split, not two:
+    # each is a program to compile.
     keys = jax.vmap(lambda k: jax.random.split(k, num_draws))(
         jax.random.split(key_fit, num_steps + num_check_steps)
     )
-    # the check's draws, per step (as the kernel keeps its non-finite draw: q's points)
-    x0 = jnp.zeros((num_check_steps, per_step, *q0.event_shape), dtype)
-    check0 = _Check(q0, jnp.zeros((), bool), zeros2, jnp.zeros((2,), dtype), x0)
+    check0 = convergence.init(q0, state0.stats, num_check_steps, per_step)
 
-    def iterate(state, check, draws, t, target):
-        state, info = kernel._advance(
+    def iterate(state, rec, check, draws, t, target):
+        state, info = kernel.update(
             state,
             draws,
             t,
@@ -686,39 +469,28 @@ def _fit(
             average_from=num_steps / 2,
             max_backtracks=max_backtracks,
         )
+        rec = kernel.record(rec, info, t)
         if progress is not None:
             _progress.report(
-                progress, key_progress, t, num_steps, state.q, log_p_fn, state.status
+                progress, key_progress, t, num_steps, state.q, log_p_fn, rec.status
             )
-        if checking_on:  # the result, once, at the last step: the check draws from it
-            q, good = jax.lax.cond(
-                t == num_steps,
-                lambda: kernel.finalize(state, method, log_joint),
-                lambda: (check.q, check.good),
-            )
-            check = check._replace(q=q, good=good)
+        if checking_on:
+            check = convergence.settle(check, state, t, num_steps, method, log_joint)
         if not trace:
-            return state, check, None
-        return state, check, Trace(state.q.natural_params, info.log_density, info.proper)
+            return state, rec, check, None
+        trace_t = Trace(state.q.natural_params, info.log_density, info.proper)
+        return state, rec, check, trace_t
 
-    def accumulate(state, check, draws, t, target):
+    def accumulate(state, rec, check, draws, t, target):
         del target
-        s_hat = draws[0]
-        use = finite_rows(s_hat)
-        half = (t - num_steps) % 2  # the two halves alternate
-        add = masked_sum(s_hat, use)
-        sums = jax.tree_util.tree_map(lambda a, v: a.at[half].add(v), check.sums, add)
-        counts = check.counts.at[half].add(jnp.sum(use).astype(dtype))
-        row = t - num_steps - 1
-        xs = check.x.at[row].set(draws[1].astype(dtype))
-        check = check._replace(sums=sums, counts=counts, x=xs)
+        check = convergence.accumulate(check, draws, t, num_steps)
         if not trace:
-            return state, check, None
+            return state, rec, check, None
         nan = jnp.full((), jnp.nan, dtype)
-        return state, check, Trace(state.q.natural_params, nan, jnp.ones((), bool))
+        return state, rec, check, Trace(state.q.natural_params, nan, jnp.ones((), bool))
 
     def body(carry, inputs):
-        state, check = carry
+        state, rec, check = carry
         keys_t, t = inputs
         # this step's unbiased minibatch estimate of log p, or log p itself
         target = log_joint if key_batch is None else log_joint.batch(key_batch, t)
@@ -727,29 +499,28 @@ def _fit(
             q_draw = where_tree(checking, check.q, state.q)
         else:
             q_draw = state.q
-        draws = kernel._estimate(keys_t, q_draw, target, method, antithetic)
-        args = (state, check, draws, t, target)  # the target stays a closure
+        draws = kernel.draw(keys_t, q_draw, target, method, antithetic)
+        args = (state, rec, check, draws, t, target)  # the target stays a closure
         if checking_on:
-            state, check, trace_t = jax.lax.cond(
+            *carry, trace_t = jax.lax.cond(
                 checking, lambda: accumulate(*args), lambda: iterate(*args)
             )
         else:
-            state, check, trace_t = iterate(*args)
-        return (state, check), trace_t
+            *carry, trace_t = iterate(*args)
+        return tuple(carry), trace_t
 
     steps = jnp.arange(1, num_steps + num_check_steps + 1, dtype=jnp.int32)
-    (state, check), infos = jax.lax.scan(body, (state0, check0), (keys, steps))
+    carry0 = (state0, rec0, check0)
+    (state, rec, check), infos = jax.lax.scan(body, carry0, (keys, steps))
     if trace:
         infos = jax.tree_util.tree_map(lambda v: v[:num_steps], infos)
 
-    shift = jnp.full((), jnp.nan, dtype)
+    shift = noise = jnp.full((), jnp.nan, dtype)
     if checking_on:
         q, good = check.q, check.good
+        shift, noise = convergence.distances(check, method, log_joint)
     else:
         q, good = kernel.finalize(state, method, log_joint)
-    noise = shift
-    if checking_on:
-        shift, noise = _check_distances(check, method, log_joint)
 
     # The diagnostics after the check's distances, not beside them: two loops of
     # factorisations at once on XLA:CPU's thread pool run slower than one after the
@@ -759,11 +530,11 @@ def _fit(
         after(q, shift) if checking_on else q,
         log_p_centred,
         num_eval_draws,
-        chunk_size=_chunk_size(_size(q)),
+        chunk_size=convergence.chunk_size(convergence.size(q)),
         start=_wide_start(q0),
     )
     diag = diag._replace(elbo=diag.elbo + offset, log_evidence=diag.log_evidence + offset)
-    status = fit_status(state.status, good, shift, noise, diag, num_eval_draws)
+    status = fit_status(rec.status, good, shift, noise, diag, num_eval_draws)
     return Result(
         q=q,
         elbo=diag.elbo,
@@ -778,11 +549,11 @@ def _fit(
         reachable_variance=diag.reachable_variance,
         khat=diag.khat,
         status=status,
-        first_improper_step=state.first_improper_step,
-        last_improper_step=state.last_improper_step,
-        num_damped_steps=state.num_damped_steps,
-        first_nonfinite_step=state.first_nonfinite_step,
-        nonfinite_draw=state.nonfinite_draw,
+        first_improper_step=rec.first_improper_step,
+        last_improper_step=rec.last_improper_step,
+        num_damped_steps=rec.num_damped_steps,
+        first_nonfinite_step=rec.first_nonfinite_step,
+        nonfinite_draw=rec.nonfinite_draw,
         fixed_point_shift=shift,
         trace=infos,
     )

@@ -47,39 +47,41 @@ from jaxvb.methods._base import Method
 
 
 class State(NamedTuple):
-    """What the iteration carries from one step to the next.
+    """What the iteration carries from one step to the next, and nothing else.
 
     Attributes:
       stats: the method's running statistics (a pytree).
       sums: the sum of the statistics estimated in the averaged steps.
       count: how many draws ``sums`` holds.
       q: the current approximation (the last proper iterate).
-      status: ``int32`` :class:`jaxvb.Status` flags raised so far.
-      first_improper_step, last_improper_step: steps whose update was improper
-        (``-1`` if none).
-      num_damped_steps: steps taken at a reduced step size.
-      first_nonfinite_step: the first step with a non-finite log density (``-1``).
-      nonfinite_draw: the draw at that step.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxvb
       >>> q0 = jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2))
       >>> state = jaxvb.kernel.init(jax.random.key(0), q0, lambda x: -jnp.sum(x**2),
       ...                           jaxvb.methods.hessian())
-      >>> state.stats.P.tolist(), int(state.status), int(state.first_improper_step)
-      ([[1.0, 0.0], [0.0, 1.0]], 0, -1)
+      >>> state.stats.P.tolist(), float(state.count)
+      ([[1.0, 0.0], [0.0, 1.0]], 0.0)
     """
 
     stats: Any
     sums: Any
     count: jax.Array
     q: Any
-    status: jax.Array
-    first_improper_step: jax.Array
-    last_improper_step: jax.Array
-    num_damped_steps: jax.Array
-    first_nonfinite_step: jax.Array
-    nonfinite_draw: jax.Array
+
+
+class Draws(NamedTuple):
+    """One step's draws and what the method estimated from each (:func:`draw`).
+
+    Attributes:
+      stats: each draw's estimate of the statistics (leading axis: the draws).
+      x: the draws, ``(num_draws, *event_shape)``.
+      log_density: ``log_joint`` at each draw.
+    """
+
+    stats: Any
+    x: jax.Array
+    log_density: jax.Array
 
 
 class Info(NamedTuple):
@@ -90,9 +92,12 @@ class Info(NamedTuple):
       proper: whether the step's update was a proper distribution.
       damped: whether it was taken at a reduced step size.
       num_finite: how many of the step's draws entered the statistics.
+      all_finite: whether every draw's statistics were finite.
+      nonfinite_draw: the first draw whose statistics were not (the first draw if
+        all were).
 
     Example:
-      A draw where ``log_joint`` is NaN is left out of the step (and flagged):
+      A draw where ``log_joint`` is NaN is left out of the step:
 
       >>> import jax, jax.numpy as jnp, jaxvb
       >>> log_joint = lambda x: jnp.where(x[0] > 0, -0.5 * x[0] ** 2, jnp.nan)
@@ -102,14 +107,44 @@ class Info(NamedTuple):
       >>> keys = jax.random.split(jax.random.key(1), 8)
       >>> state, info = jaxvb.kernel.step(keys, state, 1, log_joint, method,
       ...                                 step_size=0.5, average_from=0)
-      >>> int(info.num_finite) < 8, bool(info.proper), int(state.first_nonfinite_step)
-      (True, True, 1)
+      >>> int(info.num_finite) < 8, bool(info.proper), bool(info.all_finite)
+      (True, True, False)
     """
 
     log_density: jax.Array
     proper: jax.Array
     damped: jax.Array
     num_finite: jax.Array
+    all_finite: jax.Array
+    nonfinite_draw: jax.Array
+
+
+class Record(NamedTuple):
+    """What a runner reports about the whole iteration, kept beside the :class:`State`
+    and updated from each step's :class:`Info` (:func:`record`): the kernel's state
+    carries only what the next step needs.
+
+    Attributes:
+      status: ``int32`` :class:`jaxvb.Status` flags raised so far.
+      first_improper_step, last_improper_step: steps whose update was improper
+        (``-1`` if none).
+      num_damped_steps: steps taken at a reduced step size.
+      first_nonfinite_step: the first step with a non-finite log density (``-1``).
+      nonfinite_draw: the draw at that step.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxvb
+      >>> rec = jaxvb.kernel.start_record(jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)))
+      >>> int(rec.status), int(rec.first_improper_step), rec.nonfinite_draw.shape
+      (0, -1, (2,))
+    """
+
+    status: jax.Array
+    first_improper_step: jax.Array
+    last_improper_step: jax.Array
+    num_damped_steps: jax.Array
+    first_nonfinite_step: jax.Array
+    nonfinite_draw: jax.Array
 
 
 def init(key: jax.Array, q0: Any, log_joint: Callable, method: Method) -> State:
@@ -130,12 +165,49 @@ def init(key: jax.Array, q0: Any, log_joint: Callable, method: Method) -> State:
         sums=jax.tree_util.tree_map(jnp.zeros_like, stats),
         count=jnp.zeros((), dtype),
         q=q0,
+    )
+
+
+def start_record(q0: Any) -> Record:
+    """The :class:`Record` before the first step."""
+    return Record(
         status=jnp.zeros((), jnp.int32),
         first_improper_step=jnp.full((), -1, jnp.int32),
         last_improper_step=jnp.full((), -1, jnp.int32),
         num_damped_steps=jnp.zeros((), jnp.int32),
         first_nonfinite_step=jnp.full((), -1, jnp.int32),
-        nonfinite_draw=jnp.zeros(q0.event_shape, dtype),
+        nonfinite_draw=jnp.zeros(q0.event_shape, q0.dtype),
+    )
+
+
+def record(rec: Record, info: Info, t: jax.Array) -> Record:
+    """``rec`` after step ``t``, from that step's :class:`Info`.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxvb
+      >>> rec = jaxvb.kernel.start_record(jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1)))
+      >>> info = jaxvb.kernel.Info(0.0, jnp.asarray(False), jnp.asarray(False), 1.0,
+      ...                          jnp.asarray(True), jnp.zeros(1))
+      >>> rec = jaxvb.kernel.record(rec, info, 3)
+      >>> int(rec.status), int(rec.first_improper_step), int(rec.last_improper_step)
+      (1, 3, 3)
+    """
+    t = jnp.asarray(t, jnp.int32)
+    proper, bad = info.proper, ~info.all_finite
+    new_nonfinite = bad & (rec.first_nonfinite_step < 0)
+    new_improper = ~proper & (rec.first_improper_step < 0)
+    status = (
+        rec.status
+        | jnp.where(proper, 0, int(Status.IMPROPER_PROPOSAL))
+        | jnp.where(bad, int(Status.NONFINITE_LOG_DENSITY), 0)
+    ).astype(jnp.int32)
+    return Record(
+        status=status,
+        first_improper_step=jnp.where(new_improper, t, rec.first_improper_step),
+        last_improper_step=jnp.where(proper, rec.last_improper_step, t),
+        num_damped_steps=rec.num_damped_steps + info.damped,
+        first_nonfinite_step=jnp.where(new_nonfinite, t, rec.first_nonfinite_step),
+        nonfinite_draw=jnp.where(new_nonfinite, info.nonfinite_draw, rec.nonfinite_draw),
     )
 
 
@@ -234,8 +306,8 @@ def step(
       >>> round(float(state.q.mean[0]), 12), bool(info.proper), float(state.count)
       (3.0, True, 1.0)
     """
-    draws = _estimate(keys, state.q, log_joint, method, antithetic)
-    return _advance(
+    draws = draw(keys, state.q, log_joint, method, antithetic)
+    return update(
         state,
         draws,
         t,
@@ -247,18 +319,28 @@ def step(
     )
 
 
-def _estimate(
+def draw(
     keys: jax.Array, q: Any, log_joint: Callable, method: Method, antithetic: bool = False
-) -> tuple[Any, jax.Array, jax.Array]:
-    """``(s_hat, x, log_p)`` of one step: each draw's statistics, point and log density."""
+) -> Draws:
+    """The first half of :func:`step`: one draw per key (and its antithetic twin if
+    asked) and the method's estimate from each.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> q = jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2))
+      >>> draws = jaxvb.kernel.draw(jax.random.split(jax.random.key(0), 3), q,
+      ...                           lambda x: -jnp.sum(x**2), jaxvb.methods.hessian())
+      >>> draws.x.shape, draws.log_density.shape
+      ((3, 2), (3,))
+    """
     noise = _draw_noise(keys, q, method, antithetic)
     s_hat, x, log_p = jax.vmap(method.estimate, (0, None, None))(noise, q, log_joint)
-    return cast_tree(s_hat, q.dtype), x, jnp.asarray(log_p).astype(q.dtype)
+    return Draws(cast_tree(s_hat, q.dtype), x, jnp.asarray(log_p).astype(q.dtype))
 
 
-def _advance(
+def update(
     state: State,
-    draws: tuple[Any, jax.Array, jax.Array],
+    draws: Draws,
     t: jax.Array,
     log_joint: Callable,
     method: Method,
@@ -267,7 +349,22 @@ def _advance(
     average_from: float,
     max_backtracks: int,
 ) -> tuple[State, Info]:
-    """The rest of :func:`step` once the draws are made (:func:`_estimate`)."""
+    """The second half of :func:`step`: the update from the step's :class:`Draws`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> log_joint = lambda x: -0.5 * jnp.sum((x - 3.0) ** 2)
+      >>> method = jaxvb.methods.hessian()
+      >>> q0 = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
+      >>> state = jaxvb.kernel.init(jax.random.key(0), q0, log_joint, method)
+      >>> draws = jaxvb.kernel.draw(jax.random.split(jax.random.key(1), 1), q0,
+      ...                           log_joint, method)
+      >>> state, info = jaxvb.kernel.update(state, draws, 1, log_joint, method,
+      ...                                   step_size=1.0, average_from=0,
+      ...                                   max_backtracks=8)
+      >>> round(float(state.q.mean[0]), 12), bool(info.proper)
+      (3.0, True)
+    """
     s_hat, x, log_p = draws
     dtype = state.q.dtype
     q = state.q
@@ -288,36 +385,16 @@ def _advance(
     )
     count = state.count + jnp.where(in_avg, n_ok, 0.0)
 
-    bad = ~jnp.all(ok)
-    first_bad = jnp.argmin(ok)
-    new_nonfinite = bad & (state.first_nonfinite_step < 0)
-    new_improper = ~proper & (state.first_improper_step < 0)
-    status = (
-        state.status
-        | jnp.where(proper, 0, int(Status.IMPROPER_PROPOSAL))
-        | jnp.where(bad, int(Status.NONFINITE_LOG_DENSITY), 0)
-    ).astype(jnp.int32)
     damped = proper & (tries > 0)
     q_next = where_tree(proper, q_new, q)
     if method.reframe is not None:  # statistics taken relative to q follow it
         stats = method.reframe(stats, q, q_next)
         sums = method.reframe(sums, q, q_next)
-    new_state = State(
-        stats=stats,
-        sums=sums,
-        count=count,
-        q=q_next,
-        status=status,
-        first_improper_step=jnp.where(new_improper, t, state.first_improper_step),
-        last_improper_step=jnp.where(proper, state.last_improper_step, t),
-        num_damped_steps=state.num_damped_steps + damped,
-        first_nonfinite_step=jnp.where(new_nonfinite, t, state.first_nonfinite_step),
-        nonfinite_draw=jnp.where(
-            new_nonfinite, x[first_bad].astype(dtype), state.nonfinite_draw
-        ),
-    )
+    new_state = State(stats=stats, sums=sums, count=count, q=q_next)
     log_density = jnp.sum(jnp.where(ok, log_p, 0.0)) / jnp.maximum(n_ok, 1.0)
-    return new_state, Info(log_density, proper, damped, n_ok)
+    first_bad = x[jnp.argmin(ok)].astype(dtype)
+    info = Info(log_density, proper, damped, n_ok, jnp.all(ok), first_bad)
+    return new_state, info
 
 
 def finalize(state: State, method: Method, log_joint: Callable) -> tuple[Any, jax.Array]:
@@ -343,4 +420,16 @@ def finalize(state: State, method: Method, log_joint: Callable) -> tuple[Any, ja
     return where_tree(ok, q_avg, state.q), ok
 
 
-__all__ = ["Info", "State", "finalize", "init", "step"]
+__all__ = [
+    "Draws",
+    "Info",
+    "Record",
+    "State",
+    "draw",
+    "finalize",
+    "init",
+    "record",
+    "start_record",
+    "step",
+    "update",
+]
