@@ -285,6 +285,30 @@ def test_the_file_is_plain_npz_with_a_json_header(tmp_path):
     assert_same(jaxvb.load(path), gaussian_fit)
 
 
+def test_a_numpyro_result_is_recorded_under_its_public_path(tmp_path):
+    """The file names ``jaxvb.numpyro.NumPyroResult``, wherever the class is defined."""
+    numpyro = pytest.importorskip("numpyro")
+    import numpyro.distributions as dist
+
+    import jaxvb.numpyro
+
+    def model(y):
+        loc = numpyro.sample("loc", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        numpyro.sample("y", dist.Normal(loc, 1.0).to_event(1), obs=y)
+
+    lj = jaxvb.numpyro.log_joint(model, jnp.array([0.5, -1.0]))
+    res = jaxvb.numpyro.NumPyroResult(made(jaxvb.Gaussian(MEAN, COV)), lj)
+    jaxvb.save(tmp_path / "np.npz", res)
+    with np.load(tmp_path / "np.npz", allow_pickle=False) as f:
+        header = json.loads(bytes(f["__header__"]).decode())
+    assert header["wrapper"] == {
+        "class": "jaxvb.numpyro.NumPyroResult",
+        "sites": ["loc"],
+        "dim": 2,
+    }
+    assert_same(jaxvb.load(tmp_path / "np.npz"), res.result)
+
+
 def _rewrite(path, edit_header=None, edit_arrays=None):
     with np.load(path, allow_pickle=False) as f:
         arrays = {n: f[n] for n in f.files}

@@ -85,12 +85,20 @@ _OTHERS = {
     LatentGaussian: "jaxvb.latent.LatentGaussian",
 }
 _PATHS = {cls: path for path, cls in FAMILIES.items()} | _OTHERS
+#: The same for classes named by where they are defined: NumPyro is optional, so this
+#: module does not import the classes that need it.
+_OTHERS_BY_DEFINITION = {
+    "jaxvb.interop.numpyro._result.NumPyroResult": "jaxvb.numpyro.NumPyroResult",
+}
 
 
 def _path(cls) -> str:
     if cls in _PATHS:
         return _PATHS[cls]
-    # a class's public path: jaxvb.numpyro.NumPyroResult, not where it is defined
+    defined = f"{cls.__module__}.{cls.__qualname__}"
+    if defined in _OTHERS_BY_DEFINITION:
+        return _OTHERS_BY_DEFINITION[defined]
+    # a class's public path, not where it is defined
     module = cls.__module__.replace("jaxvb.interop.", "jaxvb.")
     return f"{module}.{cls.__qualname__}"
 
