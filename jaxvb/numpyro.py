@@ -1,6 +1,6 @@
 """NumPyro models in jaxvb: the public path of :mod:`jaxvb.interop.numpyro`.
 
-``jaxvb.numpyro.fit(model, *args, key=..., num_steps=...)`` fits a NumPyro model's
+``jaxvb.numpyro.fit(model, key, *args, num_steps=...)`` fits a NumPyro model's
 continuous latent sites on their unconstrained scale; ``jaxvb.numpyro.log_joint``
 gives the model's log joint as a function of one flat vector.
 """

@@ -21,7 +21,7 @@ from jaxvb.core.fit import fit as _fit
 from jaxvb.core.status import FitError
 from jaxvb.families._base import Family, is_concrete
 from jaxvb.interop.numpyro._latent import _latent_spec, _LatentView, _NumPyroLatent, _unused
-from jaxvb.interop.numpyro._log_joint import log_joint
+from jaxvb.interop.numpyro._log_joint import LogJoint, log_joint
 from jaxvb.interop.numpyro._result import NumPyroResult
 from jaxvb.methods import Method
 
@@ -33,8 +33,8 @@ __all__ = ["fit"]
 def _start(arrays, static, key, x0, *, init_strategy):
     """The starting point (``x0``, or the init strategy's) and the log density there.
 
-    One compiled program per model structure: run eagerly, the model's operations
-    compiled one by one (seconds for a small model on a first call).
+    One compiled program per model structure, rather than the model's operations
+    compiled one by one as they run eagerly.
     """
     lj = _static.combine(arrays, static)
     if init_strategy is not None:
@@ -115,12 +115,7 @@ def fit(
       >>> round(float(q.mean[0]), 6), round(float(q.cov[0, 0]), 6), int(res.status)
       (1.5, 0.25, 0)
     """
-    fit_kwargs = dict(fit_kwargs or {})
-    clash = sorted({"num_steps", "method", "log_joint", "q0", "key"} & set(fit_kwargs))
-    if clash:
-        raise TypeError(
-            f"jaxvb.numpyro.fit: give {clash} as arguments of fit, not in fit_kwargs"
-        )
+    fit_kwargs = _checked_fit_kwargs(fit_kwargs)
     lj = log_joint(model, *model_args, **model_kwargs)
     key_init, key_fit = jax.random.split(key)
     if init is None:
@@ -129,33 +124,7 @@ def fit(
         return _fit_latent(
             lj, latent, key_init, key_fit, num_steps, method, init, fit_kwargs
         )
-    if isinstance(init, Family):
-        if tuple(init.event_shape) != (lj.dim,):
-            raise ValueError(
-                f"jaxvb.numpyro.fit: init has event shape {tuple(init.event_shape)}, but "
-                f"the model's unconstrained latent vector has shape ({lj.dim},)"
-            )
-        q0 = init
-    else:
-        if callable(init):
-            q0 = None
-        else:
-            q0 = jnp.asarray(init)
-            if q0.shape != (lj.dim,):
-                raise ValueError(
-                    f"jaxvb.numpyro.fit: init has shape {q0.shape}, but the model's "
-                    f"unconstrained latent vector has shape ({lj.dim},)"
-                )
-        arrays, static = _static.partition(lj)
-        q0, start = _start(
-            arrays, static, key_init, q0, init_strategy=init if q0 is None else None
-        )
-        if is_concrete(start) and not np.isfinite(float(start)):
-            raise ValueError(
-                f"jaxvb.numpyro.fit: the log density is {float(start)} at the starting "
-                f"point {lj.constrain(q0)}; pick one inside the support with "
-                "init=numpyro.infer.init_to_value(values={...})."
-            )
+    q0 = _q0(lj, key_init, init)
     try:
         result = _fit(lj, q0, key_fit, num_steps=num_steps, method=method, **fit_kwargs)
     except FitError as e:
@@ -171,14 +140,7 @@ def _fit_latent(lj, latent, key_init, key_fit, num_steps, method, init, fit_kwar
             "jaxvb.numpyro.fit: with latent=, init must be a NumPyro init strategy "
             "(init_to_median, init_to_value(values={...}), ...); it picks theta's start"
         )
-    arrays, static = _static.partition(lj)
-    x0, start = _start(arrays, static, key_init, None, init_strategy=init)
-    if is_concrete(start) and not np.isfinite(float(start)):
-        raise ValueError(
-            f"jaxvb.numpyro.fit: the log density is {float(start)} at the starting "
-            f"point {lj.constrain(x0)}; pick one inside the support with "
-            "init=numpyro.infer.init_to_value(values={...})."
-        )
+    x0 = _start_point(lj, key_init, None, init)
     model = _NumPyroLatent(_unused, _unused, _unused, data=lj, spec=spec)
     theta0 = x0[jnp.asarray(spec.theta_index)]
     view = _LatentView(lj, spec)
@@ -189,3 +151,48 @@ def _fit_latent(lj, latent, key_init, key_fit, num_steps, method, init, fit_kwar
     except FitError as e:
         raise FitError(str(e), NumPyroResult(e.result, view)) from None
     return NumPyroResult(result, view)
+
+
+def _checked_fit_kwargs(fit_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``fit_kwargs`` as a dict, refused where it names an argument of :func:`fit`."""
+    fit_kwargs = dict(fit_kwargs or {})
+    clash = sorted({"num_steps", "method", "log_joint", "q0", "key"} & set(fit_kwargs))
+    if clash:
+        raise TypeError(
+            f"jaxvb.numpyro.fit: give {clash} as arguments of fit, not in fit_kwargs"
+        )
+    return fit_kwargs
+
+
+def _q0(lj: LogJoint, key: jax.Array, init: Callable | Family | jax.Array):
+    """The start of a fit without ``latent=``: ``init`` itself where it is a family
+    over ``x``, else the point ``x0`` it gives (an init strategy's, or ``init``)."""
+    if isinstance(init, Family):
+        if tuple(init.event_shape) != (lj.dim,):
+            raise ValueError(
+                f"jaxvb.numpyro.fit: init has event shape {tuple(init.event_shape)}, but "
+                f"the model's unconstrained latent vector has shape ({lj.dim},)"
+            )
+        return init
+    if callable(init):
+        return _start_point(lj, key, None, init)
+    x0 = jnp.asarray(init)
+    if x0.shape != (lj.dim,):
+        raise ValueError(
+            f"jaxvb.numpyro.fit: init has shape {x0.shape}, but the model's "
+            f"unconstrained latent vector has shape ({lj.dim},)"
+        )
+    return _start_point(lj, key, x0, None)
+
+
+def _start_point(lj: LogJoint, key: jax.Array, x0, init_strategy) -> jax.Array:
+    """:func:`_start`'s point, refused where the log density there is not finite."""
+    arrays, static = _static.partition(lj)
+    x0, start = _start(arrays, static, key, x0, init_strategy=init_strategy)
+    if is_concrete(start) and not np.isfinite(float(start)):
+        raise ValueError(
+            f"jaxvb.numpyro.fit: the log density is {float(start)} at the starting "
+            f"point {lj.constrain(x0)}; pick one inside the support with "
+            "init=numpyro.infer.init_to_value(values={...})."
+        )
+    return x0

@@ -14,7 +14,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro.distributions as dist
 from jax.flatten_util import ravel_pytree
 from numpyro import handlers
 from numpyro.infer import init_to_median
@@ -25,7 +24,10 @@ from jaxvb.interop.numpyro._sites import (
     _check_sites,
     _full_plates_quiet,
     _is_latent,
+    _model_trace,
+    _observed_names,
     _plate_dims,
+    _subsample_plates,
     _trace,
 )
 
@@ -85,22 +87,8 @@ class LogJoint:
         self.model = model
         self.model_args = model_args
         self.model_kwargs = model_kwargs
-        try:
-            trace = _abstract_trace(model, model_args, model_kwargs)
-        except Exception as e:
-            raise ValueError(
-                f"jaxvb.numpyro: running the model failed ({type(e).__name__}: {e}). jaxvb "
-                "runs it once as model(*model_args, **model_kwargs) under "
-                "numpyro.handlers.seed to find its sites; check the model and the "
-                "arguments passed to it."
-            ) from e
-        self.subsample_plates = {
-            name: (int(site["args"][0]), int(site["args"][1]))
-            for name, site in trace.items()
-            if site["type"] == "plate"
-            and site["args"][1] is not None
-            and site["args"][1] != site["args"][0]
-        }
+        trace = _model_trace(model, model_args, model_kwargs)
+        self.subsample_plates = _subsample_plates(trace)
         if self.subsample_plates:
             trace = _abstract_trace(self._full_model, model_args, model_kwargs)
         _check_sites(trace, self.subsample_plates)
@@ -119,13 +107,7 @@ class LogJoint:
             for name in trace
             if name in self.latent_shapes or name in self.deterministic_shapes
         ]
-        observed = [
-            name
-            for name, site in trace.items()
-            if site["type"] == "sample"
-            and site["is_observed"]
-            and not isinstance(site["fn"], dist.Unit)  # numpyro.factor
-        ]
+        observed = _observed_names(trace)
         if any(isinstance(trace[name]["value"], jax.core.Tracer) for name in observed):
             trace = _trace(self._full_model, model_args, model_kwargs)  # computed obs
         self.observed = {name: trace[name]["value"] for name in observed}
@@ -135,6 +117,16 @@ class LogJoint:
             if site["type"] in ("sample", "deterministic")
             and (dims := _plate_dims(site)) is not None
         }
+        self._read_unconstrained(latent)
+
+    def _read_unconstrained(self, latent: Mapping[str, Any]) -> None:
+        """Sets the layout of ``x``: the unconstrained shape of each latent site (the
+        order of ``ravel_pytree``, a dict's sorted keys), ``dim`` and ``dtype``.
+
+        Shapes only (no compiled operation), kept as plain data, which unlike
+        ``ravel_pytree``'s unravel closure compares by value and so can be static
+        pytree data.
+        """
         values = {
             name: jax.ShapeDtypeStruct(jnp.shape(site["value"]), site["value"].dtype)
             for name, site in latent.items()
@@ -142,11 +134,10 @@ class LogJoint:
 
         def unconstrained_values(values):
             with _full_plates_quiet():
-                return unconstrain_fn(self._full_model, model_args, model_kwargs, values)
+                return unconstrain_fn(
+                    self._full_model, self.model_args, self.model_kwargs, values
+                )
 
-        # Shapes only (no compiled operation): the order of ravel_pytree (a dict's
-        # sorted keys), kept as plain data, which unlike its unravel closure compares
-        # by value and so can be static pytree data.
         unconstrained = jax.eval_shape(unconstrained_values, values)
         self._unconstrained_shapes = tuple(
             (name, tuple(v.shape)) for name, v in sorted(unconstrained.items())

@@ -75,8 +75,8 @@ def _trace(model, args, kwargs):
 def _abstract_trace(model, args, kwargs):
     """The model's trace, run under ``jax.eval_shape``: nothing is compiled or run.
 
-    Run eagerly, every operation of the model compiles on its own the first time (a
-    second or more for a small model). Values the model computes come out abstract
+    Run eagerly, every operation of the model would compile on its own the first
+    time. Values the model computes come out abstract
     (shape and dtype: all that is read from them); observed data stay as passed.
     Falls back to running it where the model cannot be traced abstractly.
     """
@@ -92,8 +92,44 @@ def _abstract_trace(model, args, kwargs):
     return out["trace"]
 
 
+def _model_trace(model, args, kwargs):
+    """:func:`_abstract_trace`, with an error that says how jaxvb runs the model."""
+    try:
+        return _abstract_trace(model, args, kwargs)
+    except Exception as e:
+        raise ValueError(
+            f"jaxvb.numpyro: running the model failed ({type(e).__name__}: {e}). jaxvb "
+            "runs it once as model(*model_args, **model_kwargs) under "
+            "numpyro.handlers.seed to find its sites; check the model and the "
+            "arguments passed to it."
+        ) from e
+
+
+def _subsample_plates(trace) -> dict[str, tuple[int, int]]:
+    """Plate name -> ``(size, subsample_size)`` for each plate that subsamples."""
+    return {
+        name: (int(site["args"][0]), int(site["args"][1]))
+        for name, site in trace.items()
+        if site["type"] == "plate"
+        and site["args"][1] is not None
+        and site["args"][1] != site["args"][0]
+    }
+
+
 def _is_latent(site) -> bool:
     return site["type"] == "sample" and not site["is_observed"]
+
+
+def _observed_names(trace) -> list[str]:
+    """The observed sample sites, in model order; ``numpyro.factor`` sites (a ``Unit``
+    distribution) have no data and are left out."""
+    return [
+        name
+        for name, site in trace.items()
+        if site["type"] == "sample"
+        and site["is_observed"]
+        and not isinstance(site["fn"], dist.Unit)
+    ]
 
 
 def _plate_dims(site) -> list[str] | None:
