@@ -150,8 +150,8 @@ def num_maps() -> int | None:
 
 #: Compilations (and loads from the persistent cache) since the maps were last
 #: counted: the maps that matter grow only with them, so a fit that compiles nothing
-#: new (a second call) does not read ``/proc/self/maps`` again (~1 us a map: 10-20 ms
-#: a call in a process that holds 10,000-20,000 of them, a fifth of a small fit).
+#: new (a second call) does not read ``/proc/self/maps`` again (a read costs about a
+#: microsecond a map, a noticeable part of a small fit in a process holding many).
 _compiles_since_count = [1]
 
 
@@ -228,8 +228,7 @@ def draws_in_sequence(q) -> bool:
     evaluated one after another rather than vmapped: where the family says each draw
     factors a matrix of its own (``Family.factors_per_draw``), on the CPU, where a
     batch of blocked banded or dense factorisations runs slower than a loop over them
-    (the LGCP of ``benchmarks/latent_gaussian.py``, ``w = 40``: its 2000 diagnostic
-    draws in 3.6 s vmapped, 2.5 s in a loop); vectorised elsewhere."""
+    (the wide-band LGCP of ``benchmarks/latent_gaussian.py``); vectorised elsewhere."""
     if not enabled("sequential_draws") or jax.default_backend() != "cpu":
         return False
     return bool(getattr(q, "factors_per_draw", False))

@@ -40,7 +40,7 @@ def run(seed: int = 0) -> dict:
       ``beta_binomial_r_squared`` (the paper: 0.82).
 
     Example:
-      Not run as a doctest (two compiles and a 4000-step fit, ~10 s); the same call
+      Not run as a doctest (two compiles and a 4000-step fit); the same call
       is a test of its own in ``tests/test_docs.py``.
 
       >>> from jaxvb import demo

@@ -4,6 +4,30 @@ The public path of :mod:`jaxvb.core.kernel`, where the kernel and its documentat
 live.
 """
 
-from jaxvb.core.kernel import Info, State, finalize, init, step
+from jaxvb.core.kernel import (
+    Draws,
+    Info,
+    Record,
+    State,
+    draw,
+    finalize,
+    init,
+    record,
+    start_record,
+    step,
+    update,
+)
 
-__all__ = ["Info", "State", "finalize", "init", "step"]
+__all__ = [
+    "Draws",
+    "Info",
+    "Record",
+    "State",
+    "draw",
+    "finalize",
+    "init",
+    "record",
+    "start_record",
+    "step",
+    "update",
+]

@@ -20,6 +20,7 @@ import math
 import threading
 from collections.abc import Callable
 from functools import partial
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -207,8 +208,7 @@ def fit(
         prefetch.join()  # its program is the one this call would compile
     result = _fit(*args, **kwargs)
     if laplace_failed is not None:
-        # int32 on both sides: an eager int32 | int64 on arrays segfaults in jaxlib
-        # 0.10.2 (x64 on), e.g. for a vmapped fit from batched start points.
+        # int32 on both sides, as the status is (no promotion to int64 under x64)
         flag = jnp.where(laplace_failed, int(Status.LAPLACE_FAILED), 0).astype(jnp.int32)
         result = result._replace(status=result.status | flag)
     return check(result, on_failure, num_steps=num_steps, stacklevel=2)
@@ -289,7 +289,7 @@ def _prefetch(start, x0, log_joint, key, options):
         tuple(sorted(options.items())),
     )
     if done is not None and done in _PREFETCHED:
-        return None  # compiled by an earlier call: its lowering alone costs ~10 ms
+        return None  # compiled by an earlier call: even lowering it again costs
     try:
         if log_joint is None:  # the start returns (log_joint, q0, ok)
             model, q0, _ = jax.eval_shape(start, x0)
@@ -415,124 +415,37 @@ def _fit(
     trace,
     progress,
 ):
-    log_joint = _static.combine(arrays, log_joint)
-    unshifted = log_joint  # log_p_fn's, the progress reports' and the diagnostics'
-    dtype = q0.dtype
-
-    def log_p_fn(x):
-        return jnp.asarray(unshifted(x)).astype(dtype)
-
-    key_batch = None
-    # A log joint with batch(key, step): jaxvb.Minibatch, or jaxvb.numpyro's.
-    if callable(getattr(log_joint, "batch", None)):
-        key, key_batch = jax.random.split(key)
-    key_init, key_fit, key_eval = jax.random.split(key, 3)
-    key_progress = jax.random.fold_in(key_eval, 2)  # never used by the iteration
-    # log p is regressed on (and its variance taken) after subtracting a fixed offset,
-    # log p at one draw of q0: a log joint of -1e6 + O(1) otherwise loses its O(1)
-    # variation to cancellation against the intercept in float32 (issue 16,
-    # reproducer 1). A constant shift of log p changes no statistic in exact
-    # arithmetic; the diagnostics add it back to the ELBO and the evidence.
-    offset = _offset(jax.random.fold_in(key_init, 1), q0, log_p_fn)
-
-    log_p_centred = _Centred(unshifted, offset, dtype)
-
-    if _plain(log_joint):
-        log_joint = _Shifted(log_joint, offset)
-
-    state0 = kernel.init(key_init, q0, log_joint, method)
-    rec0 = kernel.start_record(q0)
-
-    # Did the iteration settle? One more update from fresh draws of q must give q back
-    # (up to its noise): the check's draws run as extra steps of the same scan.
-    per_step = num_draws * (2 if antithetic else 1)
-    num_check_steps = convergence.num_steps_for(num_check_draws, per_step)
-    checking_on = num_check_steps > 0
-    # Every step's draw keys, the check's steps included, split before the loop (the
-    # same keys as splitting each step's key inside it, where each split is a chain of
-    # small runtime steps). A split's first n keys do not depend on how many follow, so
-    # the iteration's keys are those of a fit without the check; one split, not two:
-    # each is a program to compile.
-    keys = jax.vmap(lambda k: jax.random.split(k, num_draws))(
-        jax.random.split(key_fit, num_steps + num_check_steps)
+    target = _Target.build(_static.combine(arrays, log_joint), q0, key)
+    settings = dict(
+        num_steps=num_steps,
+        num_draws=num_draws,
+        antithetic=antithetic,
+        max_backtracks=max_backtracks,
+        num_check_draws=num_check_draws,
+        trace=trace,
+        progress=progress,
     )
-    check0 = convergence.init(q0, state0.stats, num_check_steps, per_step)
-
-    def iterate(state, rec, check, draws, t, target):
-        state, info = kernel.update(
-            state,
-            draws,
-            t,
-            target,
-            method,
-            step_size=w,
-            average_from=num_steps / 2,
-            max_backtracks=max_backtracks,
-        )
-        rec = kernel.record(rec, info, t)
-        if progress is not None:
-            _progress.report(
-                progress, key_progress, t, num_steps, state.q, log_p_fn, rec.status
-            )
-        if checking_on:
-            check = convergence.settle(check, state, t, num_steps, method, log_joint)
-        if not trace:
-            return state, rec, check, None
-        trace_t = Trace(state.q.natural_params, info.log_density, info.proper)
-        return state, rec, check, trace_t
-
-    def accumulate(state, rec, check, draws, t, target):
-        del target
-        check = convergence.accumulate(check, draws, t, num_steps)
-        if not trace:
-            return state, rec, check, None
-        nan = jnp.full((), jnp.nan, dtype)
-        return state, rec, check, Trace(state.q.natural_params, nan, jnp.ones((), bool))
-
-    def body(carry, inputs):
-        state, rec, check = carry
-        keys_t, t = inputs
-        # this step's unbiased minibatch estimate of log p, or log p itself
-        target = log_joint if key_batch is None else log_joint.batch(key_batch, t)
-        if checking_on:
-            checking = t > num_steps
-            q_draw = where_tree(checking, check.q, state.q)
-        else:
-            q_draw = state.q
-        draws = kernel.draw(keys_t, q_draw, target, method, antithetic)
-        args = (state, rec, check, draws, t, target)  # the target stays a closure
-        if checking_on:
-            *carry, trace_t = jax.lax.cond(
-                checking, lambda: accumulate(*args), lambda: iterate(*args)
-            )
-        else:
-            *carry, trace_t = iterate(*args)
-        return tuple(carry), trace_t
-
-    steps = jnp.arange(1, num_steps + num_check_steps + 1, dtype=jnp.int32)
-    carry0 = (state0, rec0, check0)
-    (state, rec, check), infos = jax.lax.scan(body, carry0, (keys, steps))
-    if trace:
-        infos = jax.tree_util.tree_map(lambda v: v[:num_steps], infos)
-
+    state, rec, check, infos = _iterate(target, q0, w, method, **settings)
+    dtype = q0.dtype
     shift = noise = jnp.full((), jnp.nan, dtype)
-    if checking_on:
+    if check is not None:
         q, good = check.q, check.good
-        shift, noise = convergence.distances(check, method, log_joint)
+        shift, noise = convergence.distances(check, method, target.log_joint)
     else:
-        q, good = kernel.finalize(state, method, log_joint)
+        q, good = kernel.finalize(state, method, target.log_joint)
 
     # The diagnostics after the check's distances, not beside them: two loops of
     # factorisations at once on XLA:CPU's thread pool run slower than one after the
     # other (and can hang: _platform.after)
     diag = diagnostics.evaluate(
-        key_eval,
-        after(q, shift) if checking_on else q,
-        log_p_centred,
+        target.key_eval,
+        after(q, shift) if check is not None else q,
+        target.centred,
         num_eval_draws,
         chunk_size=convergence.chunk_size(convergence.size(q)),
         start=_wide_start(q0),
     )
+    offset = target.offset
     diag = diag._replace(elbo=diag.elbo + offset, log_evidence=diag.log_evidence + offset)
     status = fit_status(rec.status, good, shift, noise, diag, num_eval_draws)
     return Result(
@@ -557,6 +470,156 @@ def _fit(
         fixed_point_shift=shift,
         trace=infos,
     )
+
+
+class _Target(NamedTuple):
+    """The log joint as the iteration, the progress reports and the diagnostics see
+    it, with the keys the fit's parts draw from."""
+
+    log_joint: Any  # what the methods regress on: shifted by ``offset`` where plain
+    log_p: Callable  # log p itself, in q0's dtype (the progress reports')
+    centred: Any  # log p - offset, for the diagnostics
+    offset: jax.Array
+    key_batch: jax.Array | None
+    key_init: jax.Array
+    key_fit: jax.Array
+    key_eval: jax.Array
+    key_progress: jax.Array
+
+    @classmethod
+    def build(cls, log_joint, q0, key) -> _Target:
+        unshifted = log_joint
+        dtype = q0.dtype
+
+        def log_p(x):
+            return jnp.asarray(unshifted(x)).astype(dtype)
+
+        key_batch = None
+        # A log joint with batch(key, step): jaxvb.Minibatch, or jaxvb.numpyro's.
+        if callable(getattr(log_joint, "batch", None)):
+            key, key_batch = jax.random.split(key)
+        key_init, key_fit, key_eval = jax.random.split(key, 3)
+        key_progress = jax.random.fold_in(key_eval, 2)  # never used by the iteration
+        # log p is regressed on (and its variance taken) after subtracting a fixed
+        # offset, log p at one draw of q0: a log joint of -1e6 + O(1) otherwise loses
+        # its O(1) variation to cancellation against the intercept in float32. A
+        # constant shift of log p changes no statistic in exact arithmetic; the
+        # diagnostics add it back to the ELBO and the evidence.
+        offset = _offset(jax.random.fold_in(key_init, 1), q0, log_p)
+        centred = _Centred(unshifted, offset, dtype)
+        if _plain(log_joint):
+            log_joint = _Shifted(log_joint, offset)
+        return cls(
+            log_joint,
+            log_p,
+            centred,
+            offset,
+            key_batch,
+            key_init,
+            key_fit,
+            key_eval,
+            key_progress,
+        )
+
+
+def _iterate(
+    target: _Target,
+    q0,
+    w,
+    method,
+    *,
+    num_steps,
+    num_draws,
+    antithetic,
+    max_backtracks,
+    num_check_draws,
+    trace,
+    progress,
+):
+    """One ``lax.scan`` of the kernel's steps, then of the convergence check's:
+    ``(state, record, check, trace)``; ``check`` is ``None`` without the check."""
+    log_joint, dtype = target.log_joint, q0.dtype
+    state0 = kernel.init(target.key_init, q0, log_joint, method)
+    rec0 = kernel.start_record(q0)
+    # Did the iteration settle? One more update from fresh draws of q must give q back
+    # (up to its noise): the check's draws run as extra steps of the same scan.
+    per_step = num_draws * (2 if antithetic else 1)
+    num_check_steps = convergence.num_steps_for(num_check_draws, per_step)
+    checking_on = num_check_steps > 0
+    # Every step's draw keys, the check's steps included, split before the loop (the
+    # same keys as splitting each step's key inside it, where each split is a chain of
+    # small runtime steps). A split's first n keys do not depend on how many follow, so
+    # the iteration's keys are those of a fit without the check; one split, not two:
+    # each is a program to compile.
+    keys = jax.vmap(lambda k: jax.random.split(k, num_draws))(
+        jax.random.split(target.key_fit, num_steps + num_check_steps)
+    )
+    check0 = convergence.init(q0, state0.stats, num_check_steps, per_step)
+
+    def iterate(state, rec, check, draws, t, batch):
+        state, info = kernel.update(
+            state,
+            draws,
+            t,
+            batch,
+            method,
+            step_size=w,
+            average_from=num_steps / 2,
+            max_backtracks=max_backtracks,
+        )
+        rec = kernel.record(rec, info, t)
+        if progress is not None:
+            _progress.report(
+                progress,
+                target.key_progress,
+                t,
+                num_steps,
+                state.q,
+                target.log_p,
+                rec.status,
+            )
+        if checking_on:
+            check = convergence.settle(check, state, t, num_steps, method, log_joint)
+        if not trace:
+            return state, rec, check, None
+        trace_t = Trace(state.q.natural_params, info.log_density, info.proper)
+        return state, rec, check, trace_t
+
+    def accumulate(state, rec, check, draws, t, batch):
+        del batch
+        check = convergence.accumulate(check, draws, t, num_steps)
+        if not trace:
+            return state, rec, check, None
+        nan = jnp.full((), jnp.nan, dtype)
+        return state, rec, check, Trace(state.q.natural_params, nan, jnp.ones((), bool))
+
+    def body(carry, inputs):
+        state, rec, check = carry
+        keys_t, t = inputs
+        # this step's unbiased minibatch estimate of log p, or log p itself
+        batch = (
+            log_joint if target.key_batch is None else log_joint.batch(target.key_batch, t)
+        )
+        if checking_on:
+            checking = t > num_steps
+            q_draw = where_tree(checking, check.q, state.q)
+        else:
+            q_draw = state.q
+        draws = kernel.draw(keys_t, q_draw, batch, method, antithetic)
+        args = (state, rec, check, draws, t, batch)  # the batch stays a closure
+        if checking_on:
+            *carry, trace_t = jax.lax.cond(
+                checking, lambda: accumulate(*args), lambda: iterate(*args)
+            )
+        else:
+            *carry, trace_t = iterate(*args)
+        return tuple(carry), trace_t
+
+    steps = jnp.arange(1, num_steps + num_check_steps + 1, dtype=jnp.int32)
+    (state, rec, check), infos = jax.lax.scan(body, (state0, rec0, check0), (keys, steps))
+    if trace:
+        infos = jax.tree_util.tree_map(lambda v: v[:num_steps], infos)
+    return state, rec, (check if checking_on else None), infos
 
 
 __all__ = ["fit"]

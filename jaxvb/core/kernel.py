@@ -256,7 +256,7 @@ def _controlled_update(
     first = (w, *attempt(w), jnp.zeros((), jnp.int32))
     # The loop sits behind a cond: most steps are taken at once, and on the CPU a
     # while loop that runs zero times still costs (copies of its carry, no fusion
-    # across it): the 250-step SV fit took 79 ms with it, 45 ms behind the cond.
+    # across it).
     _, new, q_new, proper, _, tries = jax.lax.cond(
         first[4], lambda c: c, lambda c: jax.lax.while_loop(refused, retry, c), first
     )

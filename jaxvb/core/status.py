@@ -73,7 +73,7 @@ class Status(enum.IntFlag):
     #: check's threshold (``max(1 nat, the update's own noise)``) but by less than
     #: three times it, where :attr:`NOT_CONVERGED` starts. The iteration may not have
     #: settled; the gap between the two keeps ``Result.ok`` from flipping with the
-    #: random key for a fit near the threshold (issue 16). More steps will tell. Also
+    #: random key for a fit near the threshold. More steps will tell. Also
     #: set when the family's own least-squares fit of ``log p`` at ``q``'s draws leaves
     #: a residual variance smaller by 0.4 to 1.2 (~0.2-0.6 nats; beyond: POOR_FIT).
     UNSETTLED = 128
@@ -116,15 +116,14 @@ KHAT_MIN_VARIANCE = 1e-4
 #: ``Status.HIGH_KHAT`` (an approximate KL(q || p) = s^2 / 2 of 0.25 nats or more):
 #: below it k-hat, a noisy and in many dimensions pessimistic estimate, is reported and
 #: explained but does not flag a fit that is otherwise close (a Gamma fitted to a
-#: log-normal, k-hat 0.7-2.6 at s^2 0.02-0.12; the paper's hierarchical eight schools,
-#: k-hat 2.9 at s^2 0.005).
+#: log-normal, the paper's hierarchical eight schools: k-hat above 0.7 at a small
+#: s^2).
 KHAT_FLAG_VARIANCE = 0.5
 #: A residual variance this much above the family's own least-squares fit at q's
 #: draws (``Result.reachable_variance``; about 0.2 nats of KL), and by more than three
 #: standard errors, is Status.UNSETTLED (a warning); three times it, POOR_FIT (an error).
-#: Converged fits measured 0.00-0.14 above it (probit, eight schools, a Student-t, a
-#: Gamma fitted to a log-normal); the README's minibatch fit with 100 steps instead of
-#: 2000, 0.08-3.9.
+#: Converged fits lie well below it (probit, eight schools, a Student-t, a Gamma
+#: fitted to a log-normal); a minibatch fit stopped far too early, well above.
 REACHABLE_EXCESS = 0.4
 #: ``Diagnostics.start_excess`` above this (and above three standard errors) is
 #: ``Status.MISSED_MASS``: the start's draws found 22% more posterior mass than ``q``
@@ -168,11 +167,15 @@ def fit_status(
     Example:
       >>> import jax.numpy as jnp, jaxvb
       >>> from jaxvb.core.status import fit_status
-      >>> nan = jnp.nan
-      >>> diag = jaxvb.diagnostics.Diagnostics(*[jnp.asarray(nan)] * 6, 0, nan,
-      ...     *[jnp.asarray(nan)] * 3, jnp.asarray(False))
-      >>> int(fit_status(jnp.int32(0), jnp.asarray(True), 5.0, 0.1, diag, 1000))
-      32
+
+      One more update moves ``q`` by 5 nats, far past the check's threshold:
+
+      >>> fields = jaxvb.diagnostics.Diagnostics._fields
+      >>> diag = jaxvb.diagnostics.Diagnostics(*[jnp.nan] * len(fields))._replace(
+      ...     num_nonfinite=0, khat_informative=False)
+      >>> flags = fit_status(jnp.int32(0), True, 5.0, 0.1, diag, num_eval_draws=1000)
+      >>> jaxvb.Status(int(flags)).name
+      'NOT_CONVERGED'
     """
     status = status | jnp.where(proper_result, 0, int(Status.IMPROPER_RESULT))
     # Three zones for the fixed-point check, so that a fit near the threshold is not an
@@ -276,102 +279,133 @@ def explain(result: Result) -> str:
     tail = _khat_line(result)
     if status == Status.OK:
         return "ok" if tail is None else f"ok, but {tail}"
-    lines = []
-    if Status.IMPROPER_RESULT in status:
-        lines.append(
-            "the averaged statistics do not define a proper distribution, so the fit has "
-            "not converged; `q` is the last proper iterate. Increase num_steps (the paper's "
-            "remedy), start closer to the posterior (fit(log_joint, x0, ...) with a "
-            "point x0 starts from the Laplace approximation there), or use more draws "
-            "per step. If it "
-            "persists, check that the posterior is proper (integrable)."
-        )
-    if Status.IMPROPER_PROPOSAL in status:
-        lines.append(
-            "intermediate updates (steps "
-            f"{int(result.first_improper_step)} to {int(result.last_improper_step)}) were "
-            "not proper distributions (e.g. a negative rate or precision); draws continued "
-            "from the last proper iterate. The result may still be fine (check r_squared); "
-            "a larger num_steps makes this rarer."
-        )
-    if Status.NONFINITE_LOG_DENSITY in status:
-        x = np.asarray(result.nonfinite_draw)
-        remedy = (
-            "log_joint is not finite at some draws of the approximating family (a "
-            f"{type(result.q).__name__}, whose draws stay in its support): check "
-            "log_joint there, or that it is not rounded to inf (fit in float64)"
-            if type(result.q).__name__ in ("Gamma", "InverseGamma", "Exponential", "Beta")
-            else "Make sure log_joint is finite on the whole support of the approximating "
-            "family (e.g. use Gamma for a positive parameter, or transform it to the "
-            "real line)"
-        )
-        lines.append(
-            f"log_joint was not finite at x = {x.tolist()} (first at step "
-            f"{int(result.first_nonfinite_step)}); such draws were left out. {remedy}."
-        )
-    if Status.LAPLACE_FAILED in status:
-        lines.append(
-            "the Laplace approximation at the starting point x0 was not proper or its mode "
-            "search did not converge (see jaxvb.laplace); start from a jaxvb.Gaussian "
-            "instead, or check that the posterior is proper."
-        )
-    if Status.NOT_CONVERGED in status:
-        shift = float(np.asarray(result.fixed_point_shift))
-        moved = (
-            "is not a proper distribution"
-            if not math.isfinite(shift)
-            else f"moves it by {shift:.3g} nats (KL)"
-        )
-        lines.append(
-            f"the fitted q is not a fixed point: one more update from fresh draws of q "
-            f"{moved}, so the iteration had not settled when it stopped. Start from a "
-            "point x0 (fit(log_joint, x0, ...) starts from the Laplace approximation "
-            "there), or increase num_steps."
-        )
-    if Status.UNSETTLED in status:
-        shift = float(np.asarray(result.fixed_point_shift))
-        reach = _reach_phrase(result)
-        why = [] if reach is None else [reach]
-        if not why or shift > 1.0:
-            why.append(
-                f"one more update from fresh draws of q moves it by {shift:.3g} nats "
-                "(KL), above the check's threshold (1 nat or the update's own noise) but "
-                "below three times it (NOT_CONVERGED)"
-            )
-        lines.append(
-            f"{' and '.join(why)}: the iteration may not have settled. Increase "
-            "num_steps and compare, or start from a point x0 (the Laplace "
-            "approximation there)."
-        )
-    if Status.POOR_FIT in status:
-        r2 = float(np.asarray(result.r_squared))
-        reach = _reach_phrase(result)
-        why = (
-            f"R^2 is {r2:.3g}, below 0: over draws of q the residual log p - log q varies "
-            "more than log p itself, so q is far from the posterior"
-            if r2 < 0 or reach is None
-            else f"R^2 is {r2:.3g}, but {reach}, so the iteration had not settled"
-        )
-        lines.append(
-            f"{why}. Increase num_steps (or draws per step), start from a point x0 (the "
-            "Laplace approximation there), or use a family that can follow the posterior."
-        )
-    if Status.MISSED_MASS in status:
-        lines.append(
-            "draws of the start q0 reach posterior mass that q misses (importance "
-            "sampling from (q + q0) / 2 finds more than q's own draws): q covers one "
-            "part of the posterior, such as one of several modes, and its log evidence "
-            "is too low. Fit a jaxvb.GaussianMixture with a component per mode, or "
-            "check with starts in the other regions."
-        )
-    if Status.NONFINITE_DIAGNOSTICS in status:
-        lines.append(
-            "log_joint was not finite at some draws of the fitted q; the diagnostics "
-            "leave them out. q puts mass where the model has none."
-        )
+    lines = [phrase(result) for flag, phrase in _PHRASES if flag in status]
     if tail is not None:
         lines.append(tail)
     return "; ".join(lines)
+
+
+def _improper_result(result) -> str:
+    return (
+        "the averaged statistics do not define a proper distribution, so the fit has "
+        "not converged; `q` is the last proper iterate. Increase num_steps (the paper's "
+        "remedy), start closer to the posterior (fit(log_joint, x0, ...) with a "
+        "point x0 starts from the Laplace approximation there), or use more draws "
+        "per step. If it persists, check that the posterior is proper (integrable)."
+    )
+
+
+def _improper_proposal(result) -> str:
+    return (
+        "intermediate updates (steps "
+        f"{int(result.first_improper_step)} to {int(result.last_improper_step)}) were "
+        "not proper distributions (e.g. a negative rate or precision); draws continued "
+        "from the last proper iterate. The result may still be fine (check r_squared); "
+        "a larger num_steps makes this rarer."
+    )
+
+
+def _nonfinite_log_density(result) -> str:
+    x = np.asarray(result.nonfinite_draw)
+    remedy = (
+        "log_joint is not finite at some draws of the approximating family (a "
+        f"{type(result.q).__name__}, whose draws stay in its support): check "
+        "log_joint there, or that it is not rounded to inf (fit in float64)"
+        if type(result.q).__name__ in ("Gamma", "InverseGamma", "Exponential", "Beta")
+        else "Make sure log_joint is finite on the whole support of the approximating "
+        "family (e.g. use Gamma for a positive parameter, or transform it to the "
+        "real line)"
+    )
+    return (
+        f"log_joint was not finite at x = {x.tolist()} (first at step "
+        f"{int(result.first_nonfinite_step)}); such draws were left out. {remedy}."
+    )
+
+
+def _laplace_failed(result) -> str:
+    return (
+        "the Laplace approximation at the starting point x0 was not proper or its mode "
+        "search did not converge (see jaxvb.laplace); start from a jaxvb.Gaussian "
+        "instead, or check that the posterior is proper."
+    )
+
+
+def _not_converged(result) -> str:
+    shift = float(np.asarray(result.fixed_point_shift))
+    moved = (
+        "is not a proper distribution"
+        if not math.isfinite(shift)
+        else f"moves it by {shift:.3g} nats (KL)"
+    )
+    return (
+        f"the fitted q is not a fixed point: one more update from fresh draws of q "
+        f"{moved}, so the iteration had not settled when it stopped. Start from a "
+        "point x0 (fit(log_joint, x0, ...) starts from the Laplace approximation "
+        "there), or increase num_steps."
+    )
+
+
+def _unsettled(result) -> str:
+    shift = float(np.asarray(result.fixed_point_shift))
+    reach = _reach_phrase(result)
+    why = [] if reach is None else [reach]
+    if not why or shift > 1.0:
+        why.append(
+            f"one more update from fresh draws of q moves it by {shift:.3g} nats "
+            "(KL), above the check's threshold (1 nat or the update's own noise) but "
+            "below three times it (NOT_CONVERGED)"
+        )
+    return (
+        f"{' and '.join(why)}: the iteration may not have settled. Increase "
+        "num_steps and compare, or start from a point x0 (the Laplace "
+        "approximation there)."
+    )
+
+
+def _poor_fit(result) -> str:
+    r2 = float(np.asarray(result.r_squared))
+    reach = _reach_phrase(result)
+    why = (
+        f"R^2 is {r2:.3g}, below 0: over draws of q the residual log p - log q varies "
+        "more than log p itself, so q is far from the posterior"
+        if r2 < 0 or reach is None
+        else f"R^2 is {r2:.3g}, but {reach}, so the iteration had not settled"
+    )
+    return (
+        f"{why}. Increase num_steps (or draws per step), start from a point x0 (the "
+        "Laplace approximation there), or use a family that can follow the posterior."
+    )
+
+
+def _missed_mass(result) -> str:
+    return (
+        "draws of the start q0 reach posterior mass that q misses (importance "
+        "sampling from (q + q0) / 2 finds more than q's own draws): q covers one "
+        "part of the posterior, such as one of several modes, and its log evidence "
+        "is too low. Fit a jaxvb.GaussianMixture with a component per mode, or "
+        "check with starts in the other regions."
+    )
+
+
+def _nonfinite_diagnostics(result) -> str:
+    return (
+        "log_joint was not finite at some draws of the fitted q; the diagnostics "
+        "leave them out. q puts mass where the model has none."
+    )
+
+
+#: Each flag's account, in the order :func:`explain` gives them.
+_PHRASES = (
+    (Status.IMPROPER_RESULT, _improper_result),
+    (Status.IMPROPER_PROPOSAL, _improper_proposal),
+    (Status.NONFINITE_LOG_DENSITY, _nonfinite_log_density),
+    (Status.LAPLACE_FAILED, _laplace_failed),
+    (Status.NOT_CONVERGED, _not_converged),
+    (Status.UNSETTLED, _unsettled),
+    (Status.POOR_FIT, _poor_fit),
+    (Status.MISSED_MASS, _missed_mass),
+    (Status.NONFINITE_DIAGNOSTICS, _nonfinite_diagnostics),
+)
 
 
 def _reach_phrase(result) -> str | None:

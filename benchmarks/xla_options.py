@@ -1,0 +1,157 @@
+"""What jaxvb's own compile settings buy: its CPU options and the compile beside the start.
+
+Two settings of jaxvb touch how its programs compile, and each must pay for itself:
+
+- ``cpu_compile_options`` (``jaxvb/_platform.py``): jaxvb's own programs on the CPU
+  compile with XLA's fusion emitters off and its backend at optimisation level 1,
+  against XLA's defaults (``JAXVB_WORKAROUNDS_OFF=cpu_compile_options``);
+- the fit's program compiled in a thread while the start runs (``_prefetch`` in
+  ``jaxvb/core/fit.py``), against compiling it after the start.
+
+Each variant runs in a fresh process (nothing compiled, no persistent cache), the
+variants taking turns, and times the first call (compile included) and the median of
+the calls after it, ``block_until_ready`` on the result, on three models: a probit
+regression from a Gaussian ``q0`` (no start), the posteriordb ARMA(1, 1) from a point
+(the Laplace start) and a latent-field model from its hyperparameters (the model's own
+start).
+
+Usage::
+
+    python benchmarks/xla_options.py            # full run: results/xla_options.json
+    python benchmarks/xla_options.py --quick    # one round, one model, a temp dir
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common  # noqa: E402
+
+VARIANTS = {
+    "jaxvb": {},  # as users run it
+    "xla_defaults": {"JAXVB_WORKAROUNDS_OFF": "cpu_compile_options"},
+    "no_prefetch": {"JAXVB_BENCH_NO_PREFETCH": "1"},
+}
+MODELS = ("probit", "arma11_point", "latent_field")
+
+
+def _model(name):
+    """``(log_joint, start, num_steps)`` of one model."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxvb
+    from jaxvb.models import posteriors, probit
+
+    if name == "probit":
+        _, design, y = probit.simulate(jax.random.key(0), num_datasets=1)
+        log_joint = jax.tree_util.Partial(probit.log_joint, design=design[0], y=y[0])
+        return log_joint, jaxvb.Gaussian(jnp.zeros(5), jnp.eye(5)), 500
+    if name == "arma11_point":
+        return posteriors.arma11(), jnp.zeros(4), 1000
+    # a Poisson random-walk field of 200 days with an unknown log precision
+    counts = jax.random.poisson(jax.random.key(1), 3.0, (200,)).astype(float)
+
+    def prior(theta):
+        tau = jnp.exp(theta[0])
+        band = jnp.zeros((2, 200)).at[0].set(2.0 * tau + 1e-3).at[1, :-1].set(-tau)
+        return jnp.zeros(200), jaxvb.linalg.Banded(band)
+
+    model = jaxvb.LatentGaussian(
+        log_prior=lambda theta: -0.5 * jnp.sum(theta**2),
+        prior=prior,
+        log_lik=lambda f, y: y * f - jnp.exp(f),
+        data=counts,
+    )
+    return model, jnp.zeros(1), 500
+
+
+def _worker(spec: dict) -> None:
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    import jaxvb
+    from jaxvb.core import fit as core_fit
+
+    if os.environ.get("JAXVB_BENCH_NO_PREFETCH"):
+        core_fit._prefetch = lambda *args, **kwargs: None
+    log_joint, start, num_steps = _model(spec["model"])
+
+    def call(seed):
+        res = jaxvb.fit(log_joint, start, jax.random.key(seed), num_steps=num_steps)
+        return jax.block_until_ready(res)
+
+    t0 = time.perf_counter()
+    res = call(0)
+    first = time.perf_counter() - t0
+    after = []
+    for seed in range(1, spec["repeats"] + 1):
+        t0 = time.perf_counter()
+        call(seed)
+        after.append(time.perf_counter() - t0)
+    _common.emit(
+        dict(
+            first_call_s=first,
+            after_compile_s=statistics.median(after),
+            status=int(res.status),
+            elbo=float(res.elbo),
+        )
+    )
+
+
+def main(argv=None) -> int:
+    p = _common.parser(__doc__)
+    p.add_argument("--quick", action="store_true", help="one round, the probit only")
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args(argv)
+    if args.worker:
+        _worker(json.loads(args.worker))
+        return 0
+    models = MODELS[:1] if args.quick else MODELS
+    rounds = 1 if args.quick else args.rounds
+    runs = {m: {v: [] for v in VARIANTS} for m in models}
+    for r in range(rounds):
+        for model in models:
+            # the variants take turns, in a rotating order, so that a slow spell of the
+            # machine does not fall on one of them
+            order = (
+                list(VARIANTS)[r % len(VARIANTS) :] + list(VARIANTS)[: r % len(VARIANTS)]
+            )
+            for variant in order:
+                env = dict(os.environ, **VARIANTS[variant])
+                spec = dict(model=model, repeats=2 if args.quick else 5)
+                payloads, error = _common.run_worker(__file__, spec, 900, env=env)
+                row = payloads[0] if payloads else {"error": error}
+                runs[model][variant].append(row)
+                print(model, variant, row, flush=True)
+    summary = {}
+    for model, by_variant in runs.items():
+        summary[model] = {
+            variant: {
+                key: statistics.median(row[key] for row in rows if key in row)
+                for key in ("first_call_s", "after_compile_s")
+                if any(key in row for row in rows)
+            }
+            for variant, rows in by_variant.items()
+        }
+    report = dict(
+        experiment="xla_options",
+        environment=_common.environment(),
+        rounds=rounds,
+        variants={k: v or "as users run it" for k, v in VARIANTS.items()},
+        runs=runs,
+        median=summary,
+    )
+    _common.write_json(_common.output_dir(args, "xla_options"), "xla_options", report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
