@@ -8,51 +8,36 @@ picked by index)::
     y_gi ~ Bernoulli(sigmoid(b_g)),        x = (mu, log tau, z_1, ..., z_G),  d = G + 2,
 
 non-centred (the centred form has no joint mode, so no Laplace start), data simulated
-with a fixed key (``mu = -0.5``, ``tau = 1``). For each ``G``, in a fresh
-subprocess (so that its peak memory is its own):
+with a fixed key. For each ``G``, in a fresh process (its peak memory its own):
 
-1. **Model.** ``N`` value/gradient/Hessian evaluations of the log joint (forward over
-   reverse, as ``method="hessian"`` computes them) at ``N`` draws of the start, in one
-   jitted ``lax.scan`` that sums them: first call (compile included) and the median of
-   repeated calls after compile, with ``block_until_ready``.
+1. **Model.** ``N`` value/gradient/Hessian evaluations of the log joint at ``N`` draws
+   of the start (``_common.hessian_scan``): first call and median after compile.
 2. **Fit.** ``jaxvb.fit(log_joint, q0, key, num_steps=N, method="hessian",
-   num_eval_draws=2)`` from the Laplace approximation ``q0 = jaxvb.laplace(log_joint,
-   0)``: the iterations with the fewest diagnostic draws (2, which also skips the
-   end-of-fit convergence check). First call and median after compile, new key each
-   call. Where the settings say so, also with the default ``num_eval_draws=1000``
-   (diagnostics in chunks, and the convergence check's 200 Hessian evaluations).
-3. **Pieces.** One Cholesky of the ``d x d`` precision, what the old dense Gaussian did
-   on top of it every step (``cho_solve`` against the identity to form ``cov``), and one
-   triangular solve with a vector (a draw).
-4. **Memory.** The subprocess's peak resident memory (``VmHWM``: compile included)
-   after the model's timing and after the fits.
+   num_eval_draws=2)`` from ``q0 = jaxvb.laplace(log_joint, 0)``: the iterations alone
+   (2 diagnostic draws also skip the convergence check); where the settings say so,
+   also with the default diagnostics. First call and median after compile.
+3. **Pieces.** One Cholesky of the ``d x d`` precision, ``cho_solve`` against the
+   identity (forming ``cov``) and one triangular solve with a vector (a draw).
+4. **Memory.** The process's peak resident memory after the model and after the fits.
 
-The issue's target (14): at ``d = 102`` and ``1002`` a fit of ``N`` steps costs at most
-3x ``N`` value/gradient/Hessian evaluations, same process. ``d = 5002`` is measured with
-fewer steps and 2 observations per group (the dense Hessian of the per-observation
-model holds ``d x n G`` intermediates: with 10 per group, ~14 GB); the JSON's notes say
-what it costs and what to use instead.
+The target: at ``d = 102`` and ``1002`` a fit of ``N`` steps costs at most 3x ``N``
+value/gradient/Hessian evaluations. ``d = 5002`` runs fewer steps and 2 observations per
+group (the dense Hessian of this per-observation model holds ``d x n G`` intermediates).
 
-Outputs (in ``benchmarks/results/`` unless ``--out``; ``--quick`` writes to a temporary
-directory): ``dimension.json`` and ``dimension.png`` (time per step against ``d``).
+Outputs: ``dimension.json`` and ``dimension.png`` (time per step and memory against d).
 
 Usage::
 
-    python benchmarks/dimension.py            # full run (~10 minutes on 2 CPUs)
+    python benchmarks/dimension.py            # full run
     python benchmarks/dimension.py --quick    # smoke test (G = 10, 30; 100 steps)
     python benchmarks/dimension.py --groups 100,1000   # chosen sizes only
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import jax
@@ -60,17 +45,12 @@ import jax.numpy as jnp
 import numpy as np
 
 jax.config.update("jax_enable_x64", True)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as common  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-try:
-    import jaxvb
-except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(HERE.parent))
-    import jaxvb
+import jaxvb  # noqa: E402
 
-from _common import environment, time_calls  # noqa: E402
-
+NAME = "dimension"
 #: Per number of groups G: observations per group, steps N and timed repeats.
 FULL = dict(
     groups=(100, 1000, 5000),
@@ -89,9 +69,16 @@ QUICK = dict(
 TARGET_RATIO = 3.0
 TARGET_DIMS = (102, 1002)
 TRUTH = dict(mu=-0.5, tau=1.0)
-
-
-# --- the model --------------------------------------------------------------------------
+NOTES = [
+    "Per step, method='hessian' on a dense Gaussian does one value/gradient/Hessian "
+    "evaluation of the log joint (d forward passes over its gradient), one Cholesky of "
+    "the d x d precision and O(d^2) triangular solves; the covariance is not formed in "
+    "the loop ('linalg': cov_by_identity_solve is what forming it would add).",
+    "Beyond the dense family: a posterior whose precision is mostly zeros (here an "
+    "arrowhead: the group effects are independent given mu and tau) fits in O(d) with "
+    "a structured approximation (jaxvb.composite.hierarchical, jaxvb.LatentGaussian); "
+    "GLM-like models with jaxvb.Factors and method='sites'.",
+]
 
 
 def simulate(key: jax.Array, num_groups: int, obs_per_group: int) -> dict:
@@ -103,80 +90,21 @@ def simulate(key: jax.Array, num_groups: int, obs_per_group: int) -> dict:
     return dict(y=y, group=group)
 
 
-def make_log_joint(data: dict, num_groups: int):
+def make_log_joint(data: dict):
     """``log p(x, y)`` for ``x = (mu, log tau, z_1..z_G)``, ``b = mu + tau z``."""
     y, group = data["y"], data["group"]
-    del num_groups
 
     def log_joint(x):
         mu, log_tau, z = x[0], x[1], x[2:]
         eta = mu + jnp.exp(log_tau) * z[group]
         log_lik = jnp.sum(y * eta - jax.nn.softplus(eta))
-        log_prior = -0.5 * (jnp.sum(z**2) + (mu / 2.5) ** 2 + log_tau**2)
-        return log_lik + log_prior
+        return log_lik - 0.5 * (jnp.sum(z**2) + (mu / 2.5) ** 2 + log_tau**2)
 
     return log_joint
 
 
-def value_grad_hessian(log_joint):
-    """``x -> (log p, grad, hess)``: forward over reverse, as the hessian method does."""
-
-    def value_and_grad(x):
-        value, grad = jax.value_and_grad(log_joint)(x)
-        return grad, (value, grad)
-
-    def fn(x):
-        hess, (value, grad) = jax.jacfwd(value_and_grad, has_aux=True)(x)
-        return value, grad, hess
-
-    return fn
-
-
-def model_scan(log_joint):
-    """Jitted: the sum of value, gradient and Hessian over the rows of ``xs``."""
-    vgh = value_grad_hessian(log_joint)
-
-    @jax.jit
-    def run(xs):
-        def body(total, x):
-            v, g, h = vgh(x)
-            return (total[0] + v, total[1] + g, total[2] + h), None
-
-        d = xs.shape[1]
-        zeros = (
-            jnp.zeros((), xs.dtype),
-            jnp.zeros(d, xs.dtype),
-            jnp.zeros((d, d), xs.dtype),
-        )
-        return jax.lax.scan(body, zeros, xs)[0]
-
-    return run
-
-
-# --- one size, in its own process -----------------------------------------------------
-
-
-def _peak_rss_mb() -> float:
-    # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across fork + exec (see
-    # stochastic_volatility.py); ru_maxrss (kB on Linux) is the fallback elsewhere.
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _first_call(fn, *args) -> tuple[float, object]:
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    return time.perf_counter() - t0, out
-
-
-def _linalg(precision: jax.Array, repeats: int) -> dict:
-    """Seconds of one Cholesky, of the old per-step ``cov``, and of one draw's solve."""
+def linalg_pieces(precision: jax.Array, repeats: int) -> dict:
+    """Seconds of one Cholesky, of forming ``cov`` from it, and of one draw's solve."""
     eye = jnp.eye(precision.shape[0], dtype=precision.dtype)
     chol = jax.jit(jnp.linalg.cholesky)
     cov = jax.jit(lambda c: jax.scipy.linalg.cho_solve((c, True), eye))
@@ -190,29 +118,23 @@ def _linalg(precision: jax.Array, repeats: int) -> dict:
         ("triangular_solve_vector", draw, (factor, z)),
     ):
         jax.block_until_ready(fn(*args))
-        out[name] = time_calls(fn, lambda i, a=args: a, max(repeats, 5))
+        out[name] = common.time_calls(fn, lambda i, a=args: a, max(repeats, 5))
     return out
 
 
 def worker(spec: dict) -> dict:
-    """Simulate, start at the Laplace approximation, time the model and the fits."""
+    """One size: simulate, start at the Laplace approximation, time model and fits."""
     G, n, N, repeats = spec["G"], spec["obs_per_group"], spec["num_steps"], spec["repeats"]
     d = G + 2
     row = dict(G=G, d=d, obs_per_group=n, num_observations=G * n, num_steps=N)
-    data = simulate(jax.random.key(spec["seed"]), G, n)
-    log_joint = make_log_joint(data, G)
+    log_joint = make_log_joint(simulate(jax.random.key(spec["seed"]), G, n))
 
-    laplace_s, q0 = _first_call(lambda x: jaxvb.laplace(log_joint, x), jnp.zeros(d))
-    row["laplace_first_call_s"] = laplace_s
+    q0, row["laplace_first_call_s"] = common.timed(jaxvb.laplace, log_joint, jnp.zeros(d))
     xs = q0.sample(jax.random.key(1), (N,))
-
-    run = model_scan(log_joint)
-    first, _ = _first_call(run, xs)
-    timing = time_calls(run, lambda i: (xs,), repeats)
-    row["model"] = dict(
-        first_call_s=first, run=timing, ms_per_eval=1e3 * timing["median_s"] / N
-    )
-    row["peak_rss_after_model_mb"] = _peak_rss_mb()
+    run = common.hessian_scan(log_joint)
+    _, timing = common.first_and_after(lambda i: run(xs), repeats)
+    row["model"] = dict(timing, ms_per_eval=1e3 * timing["run"]["median_s"] / N)
+    row["peak_rss_after_model_mb"] = common.peak_rss_mb()
 
     row["fit"] = {}
     variants = {"iterations": 2}
@@ -220,88 +142,48 @@ def worker(spec: dict) -> dict:
         variants["default_diagnostics"] = 1000
     for name, num_eval_draws in variants.items():
 
-        def fit(key, num_eval_draws=num_eval_draws):
+        def fit(i, num_eval_draws=num_eval_draws):
             return jaxvb.fit(
                 log_joint,
                 q0,
-                key,
+                jax.random.key(i),
                 num_steps=N,
                 method="hessian",
                 num_eval_draws=num_eval_draws,
                 on_failure="ignore",
             )
 
-        first, res = _first_call(fit, jax.random.key(0))
-        timing = time_calls(fit, lambda i: (jax.random.key(i + 1),), repeats)
+        res, timing = common.first_and_after(fit, repeats)
         row["fit"][name] = dict(
             num_eval_draws=num_eval_draws,
-            first_call_s=first,
-            run=timing,
-            ms_per_step=1e3 * timing["median_s"] / N,
-            over_model=timing["median_s"] / row["model"]["run"]["median_s"],
+            **timing,
+            ms_per_step=1e3 * timing["run"]["median_s"] / N,
+            over_model=timing["run"]["median_s"] / row["model"]["run"]["median_s"],
             status=int(res.status),
             num_damped_steps=int(res.num_damped_steps),
-            peak_rss_mb=_peak_rss_mb(),
+            peak_rss_mb=common.peak_rss_mb(),
         )
-        print(
-            f"  G={G:>5d} fit ({name}): first {first:.1f} s, "
-            f"{row['fit'][name]['ms_per_step']:.3f} ms/step, "
-            f"{row['fit'][name]['over_model']:.2f}x the model",
-            file=sys.stderr,
-            flush=True,
-        )
-    row["linalg"] = _linalg(q0.precision, repeats)
-    row["peak_rss_mb"] = _peak_rss_mb()
+    row["linalg"] = linalg_pieces(q0.precision, repeats)
+    row["peak_rss_mb"] = common.peak_rss_mb()
     return row
 
 
-def _memory_needed_mb(spec: dict) -> float:
-    """A rough upper bound on a size's peak memory, from the runs here: ~12 dense
-    ``d x d`` arrays (statistics, sums, factor, Hessians, copies across the step
-    control) and ~8 of ``jax.hessian``'s ``d x (observations)`` intermediates."""
+def memory_needed_mb(spec: dict) -> float:
+    """A rough upper bound of a size's peak memory: ~12 dense ``d x d`` arrays and ~8 of
+    ``jax.hessian``'s ``d x (observations)`` intermediates."""
     d, n_obs = spec["G"] + 2, spec["G"] * spec["obs_per_group"]
     return (12 * d * d + 8 * d * n_obs) * 8 / 2**20 + 500
 
 
-def _memory_available_mb() -> float | None:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
 def run_size(spec: dict, timeout_s: float, env: dict) -> dict:
-    # On a shared machine, a size that would not fit is reported, not run into the
-    # out-of-memory killer (which may pick another process).
-    need, free = _memory_needed_mb(spec), _memory_available_mb()
+    """:func:`worker` in a fresh process; a size that would not fit in memory is
+    reported, not run into the out-of-memory killer (which may pick another process)."""
+    need, free = memory_needed_mb(spec), common.memory_available_mb()
     if free is not None and need > 0.8 * free:
-        return dict(
-            G=spec["G"],
-            d=spec["G"] + 2,
-            error=f"skipped: needs ~{need:.0f} MB, {free:.0f} MB available",
-        )
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout_s, env=env
-        )
-    except subprocess.TimeoutExpired:
-        return dict(
-            G=spec["G"], d=spec["G"] + 2, error=f"timed out after {timeout_s:.0f} s"
-        )
-    sys.stderr.write(proc.stderr[-3000:])
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("DIMENSION ")]
-    if proc.returncode or not lines:
-        err = f"exit {proc.returncode}: {proc.stderr.strip()[-500:]}"
-        return dict(G=spec["G"], d=spec["G"] + 2, error=err)
-    return json.loads(lines[-1][len("DIMENSION ") :])
-
-
-# --- report -----------------------------------------------------------------------------
+        error = f"skipped: needs ~{need:.0f} MB, {free:.0f} MB available"
+        return dict(G=spec["G"], d=spec["G"] + 2, error=error)
+    rows, error = common.run_worker(__file__, spec, timeout_s, env)
+    return rows[-1] if rows else dict(G=spec["G"], d=spec["G"] + 2, error=error)
 
 
 def targets(rows: list[dict]) -> dict:
@@ -318,64 +200,12 @@ def targets(rows: list[dict]) -> dict:
     return out
 
 
-def notes(rows: list[dict]) -> list[str]:
-    """What the numbers say, written from them, and what to use beyond the dense family."""
-    out = [
-        "Per step, method='hessian' on a dense Gaussian does one value/gradient/Hessian "
-        "evaluation of the log joint (jax.hessian: d forward passes over the model's "
-        "gradient), one Cholesky of the d x d precision (d^3/3 flops) and O(d^2) "
-        "triangular solves (the mean, the next draw); the covariance is never formed "
-        "in the loop. Before issue 14 each step also formed cov by cho_solve against "
-        "the identity and factored it again for the draw and for is_proper (see "
-        "'linalg' per size: cov_by_identity_solve is what that cost on top).",
-    ]
-    for r in rows:
-        if "error" in r:
-            out.append(f"G = {r['G']} (d = {r['d']}): {r['error']}")
-            continue
-        it = r["fit"]["iterations"]
-        out.append(
-            f"d = {r['d']} ({r['num_observations']} observations): fit "
-            f"{it['ms_per_step']:.3g} ms/step = {it['over_model']:.2f}x the model's "
-            f"{r['model']['ms_per_eval']:.3g} ms per value/gradient/Hessian; one "
-            f"Cholesky {1e3 * r['linalg']['cholesky']['median_s']:.3g} ms; Laplace start "
-            f"(first call) {r['laplace_first_call_s']:.1f} s; peak memory "
-            f"{r['peak_rss_mb']:.0f} MB."
-        )
-    out += [
-        "Where the dense family stops being the right tool: its memory is a few d x d "
-        "matrices (8 d^2 bytes each: 8 MB at d = 1000, 200 MB at d = 5000) plus what "
-        "jax.hessian of the log joint holds (for this per-observation model, d x "
-        "(number of observations) intermediates: the reason d = 5002 is run with 2 "
-        "observations per group), and its time per step grows as d^3 (Cholesky) plus d "
-        "gradient passes over the model. Up to d ~ 1000 a step costs about one dense "
-        "Hessian of the model; by d ~ 5000 a step takes seconds and a fit of a few "
-        "hundred steps many minutes, for a posterior whose precision is mostly zeros.",
-        "What to use instead: (1) for this model, whose posterior precision is an "
-        "arrowhead (the group effects are independent given mu and tau), a structured "
-        "approximation q(mu, tau) q(b | mu, tau) with a diagonal-plus-border Gaussian "
-        "block (jaxvb.composite.hierarchical, as in jaxvb.models.eight_schools and the "
-        "stochastic volatility model; jaxvb.linalg.arrowhead does its algebra in O(d)); "
-        "(2) for GLM-like models, x of moderate size M seen through N linear predictors "
-        "f_i = v_i'x, jaxvb.Factors with method='sites': per step N scalar second "
-        "derivatives and O(N M^2 + M^3) algebra instead of jax.hessian's M passes "
-        "over the model (still an M x M Gaussian, so for M in the thousands the same "
-        "d^3 applies); (3) if only the Hessian is expensive and it has known structure, "
-        "jaxvb.methods.hessian(grad_and_hessian=...) takes an analytic or "
-        "Hessian-vector-product version.",
-    ]
-    return out
-
-
-def plot(path: Path, rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(rows: list[dict], path=None):
+    """Time per step and peak memory against ``d``."""
     ok = [r for r in rows if "error" not in r]
     d = np.array([r["d"] for r in ok])
-    fig, (ax, ax_mem) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = common.figure(figsize=(10, 4))
+    ax, ax_mem = fig.subplots(1, 2)
     series = {
         "fit, per step (method='hessian')": [
             r["fit"]["iterations"]["ms_per_step"] for r in ok
@@ -384,7 +214,7 @@ def plot(path: Path, rows: list[dict]) -> None:
         "one Cholesky of the precision": [
             1e3 * r["linalg"]["cholesky"]["median_s"] for r in ok
         ],
-        "old per-step cov (cho_solve with I)": [
+        "forming cov (cho_solve with I)": [
             1e3 * r["linalg"]["cov_by_identity_solve"]["median_s"] for r in ok
         ],
     }
@@ -408,41 +238,30 @@ def plot(path: Path, rows: list[dict]) -> None:
     ax_mem.set_ylabel("peak resident memory, MB")
     ax_mem.set_title("peak memory of the process (compile included)")
     fig.suptitle("Hierarchical logistic regression, dense Gaussian, Algorithm 2")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return common.save(fig, path)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke test, temp output")
-    parser.add_argument("--out", default=None, help="output directory")
+    parser = common.parser(__doc__)
+    parser.add_argument("--quick", action="store_true", help="G = 10, 30; 100 steps")
     parser.add_argument("--groups", default=None, help="comma-separated G to run")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per size")
     parser.add_argument(
         "--single-thread",
         action="store_true",
-        help="run XLA:CPU on one thread in the size subprocesses: on a machine shared "
-        "with other jobs, multi-threaded timings vary 10x from call to call",
+        help="XLA:CPU on one thread in the size processes (steadier timings on a "
+        "machine shared with other jobs)",
     )
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-
     if args.worker is not None:
-        row = worker(json.loads(args.worker))
-        print("DIMENSION " + json.dumps(row), flush=True)
-        return row
+        return common.emit(worker(json.loads(args.worker)))
 
     settings = QUICK if args.quick else FULL
     groups = settings["groups"]
     if args.groups:
         groups = tuple(int(g) for g in args.groups.split(","))
-    out = Path(
-        args.out
-        or (tempfile.mkdtemp(prefix="dimension_") if args.quick else HERE / "results")
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    env = environment()
+    out = common.output_dir(args, NAME)
+    env = common.environment()
     worker_env = dict(os.environ)
     if args.single_thread:
         worker_env["XLA_FLAGS"] = (
@@ -459,22 +278,22 @@ def main(argv=None):
             repeats=settings["repeats"].get(G, 3),
             default_diagnostics=G in settings["default_diagnostics"],
         )
-        rows.append(run_size(spec, args.timeout, worker_env))
-        r = rows[-1]
+        r = run_size(spec, args.timeout, worker_env)
+        rows.append(r)
         if "error" in r:
             print(f"G = {G}: {r['error']}", flush=True)
         else:
+            it = r["fit"]["iterations"]
             print(
-                f"G = {G:>5d} (d = {r['d']}): model {r['model']['ms_per_eval']:.3f} ms/eval, "
-                f"fit {r['fit']['iterations']['ms_per_step']:.3f} ms/step "
-                f"({r['fit']['iterations']['over_model']:.2f}x), "
-                f"peak {r['peak_rss_mb']:.0f} MB",
+                f"d = {r['d']:>5d}: model {r['model']['ms_per_eval']:.3f} ms/eval, fit "
+                f"{it['ms_per_step']:.3f} ms/step ({it['over_model']:.2f}x), peak "
+                f"{r['peak_rss_mb']:.0f} MB",
                 flush=True,
             )
     report = dict(
         quick=bool(args.quick),
         environment=env,
-        load_average_end=list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        load_average_end=common.load_average(),
         settings=dict(
             settings,
             groups=list(groups),
@@ -486,16 +305,11 @@ def main(argv=None):
         ),
         rows=rows,
         targets=targets(rows),
-        notes=notes(rows),
+        notes=NOTES,
     )
-    report["settings"] = json.loads(json.dumps(report["settings"], default=str))
-    path = out / "dimension.json"
-    path.write_text(json.dumps(report, indent=1))
+    common.write_json(out, NAME, report)
     if any("error" not in r for r in rows):  # after the JSON: a plot error loses nothing
-        plot(out / "dimension.png", rows)
-    for name, t in report["targets"].items():
-        print(f"{name:24s} {'met' if t['met'] else 'NOT met':8s} {t['value']:.2f}")
-    print(f"wrote {path}", flush=True)
+        plot(rows, out / f"{NAME}.png")
     return report
 
 

@@ -1,63 +1,36 @@
 """First-fit latency: ``jaxvb.fit`` from a start point against NumPyro NUTS, compile included.
 
-A user with one model waits for the first result, compilation included. On real
-posteriors from posteriordb (:mod:`jaxvb.models.posteriors`: ARMA(1, 1), a Poisson
-GLM, the capture-recapture model M0, the non-centred eight schools), in one process:
+A user with one model waits for the first result, compilation included. On posteriors
+from posteriordb (:mod:`jaxvb.models.posteriors`: ARMA(1, 1), a Poisson GLM, the
+capture-recapture model M0, the non-centred eight schools), in one process:
 
-* **jaxvb**: ``jaxvb.fit(log_joint, x0, key, num_steps=1000)`` from ``x0 = 0``, with
-  every default (Laplace start, Algorithm 2, the fixed-point check, 1000-draw
-  diagnostics): the first call (compile included, split by compiled program with
-  ``jax.monitoring``'s compile events), then the same call with new keys (run only).
-* **NUTS**: ``numpyro.infer.MCMC(NUTS(potential_fn=-log_joint))``, one chain of 1000
-  warmup + 1000 draws from the same ``x0``: the first run, then a second run of the
-  same ``MCMC`` object (NumPyro reuses its compiled sampler).
-* **Accuracy**: each method's means and standard deviations against a reference, a long
-  NUTS run (4 chains x 5000 draws after 1000 warmup; ``--quick``: the timed NUTS run
-  itself), in reference standard deviations.
-* **Where the compile goes**: the first call's compile time by program (the Laplace
-  start, the fit's program, small eager programs), and the fit's program compiled
-  again without its convergence check (``num_check_draws=0``) and with 100 instead
-  of 1000 diagnostic draws.
-* **The compile floor**: ``jit(scan)`` of ``num_steps`` bare value-and-gradient
-  evaluations of the log joint (NUTS's need), and of value, gradient and Hessian
-  (Algorithm 2's need), compile included: no engine on these derivatives is sooner.
-* **Persistent compilation cache** (opt-in, see below): a fresh process's first call
-  of the same fit with JAX's cache directory set, cold (empty cache) then warm, each
-  followed by NUTS's first run in that process (which uses the cache too).
+* **jaxvb**: ``jaxvb.fit(log_joint, x0, key, num_steps=1000)`` from ``x0 = 0`` with every
+  default (Laplace start, Algorithm 2, the convergence check, 1000-draw diagnostics):
+  the first call (its compile seconds by program, from JAX's compile events), then the
+  same call with new keys; the fit's program compiled again without its convergence
+  check and with fewer diagnostic draws.
+* **NUTS**: one chain of 1000 warm-up + 1000 draws from the same ``x0``: the first run,
+  then a second run of the same ``MCMC`` object (NumPyro reuses its compiled sampler).
+* **Accuracy**: each method's means and standard deviations against a long NUTS run
+  (4 chains x 5000 draws; ``--quick``: the timed NUTS run), in reference sds.
+* **The compile floor**: ``jit(scan)`` of bare value-and-gradient evaluations (NUTS's
+  need) and of value, gradient and Hessian (Algorithm 2's), compile included.
+* **JAX's persistent compilation cache**: a fresh process's first fit with the cache
+  directory set, cold (empty) then warm, each followed by NUTS's first run there.
 
-The log joints are ``jax.tree_util.Partial(fn, data)``: their data are pytree leaves.
-
-Turning on the persistent compilation cache (JAX's own; nothing jaxvb-specific): a
-compiled fit is then written to disk and a later process with the same model
-structure, shapes, dtypes and options loads it instead of compiling::
-
-    import jax
-    jax.config.update("jax_compilation_cache_dir", "/path/to/cache")
-    # JAX caches only programs that took >= 1 s to compile by default; jaxvb's
-    # Laplace search and small models compile faster than that:
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-
-(or the environment variables ``JAX_COMPILATION_CACHE_DIR`` and
-``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS``).
-
-Outputs (in ``benchmarks/results/`` unless ``--out`` or ``--quick``): ``first_fit.json``.
+Output: ``first_fit.json``.
 
 Usage::
 
-    python benchmarks/first_fit.py            # full run (~5 minutes on 2 CPUs)
+    python benchmarks/first_fit.py            # full run
     python benchmarks/first_fit.py --quick    # smoke test (one small model), temp dir
-    python benchmarks/first_fit.py --out DIR
 """
 
 from __future__ import annotations
 
-import argparse
-import collections
-import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -67,20 +40,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-try:
-    import jaxvb
-except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import jaxvb
+jax.config.update("jax_enable_x64", True)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as common  # noqa: E402
 
-import numpyro  # noqa: E402
-from numpyro.infer import MCMC, NUTS  # noqa: E402
-
+import jaxvb  # noqa: E402
 from jaxvb.models import posteriors  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment  # noqa: E402
-
+NAME = "first_fit"
 FULL = dict(
     models=("arma11", "glm_poisson", "m0", "eight_schools_noncentered"),
     num_steps=1000,
@@ -102,102 +69,54 @@ QUICK = dict(
     cache=False,
     variants={},
 )
-#: The target of issue 14: the first fit returns this many times sooner than NUTS's.
+#: The target: the first fit returns this many times sooner than NUTS's first run.
 TARGET_SPEEDUP = 3.0
 
-_COMPILE_EVENTS = (
-    "/jax/core/compile/jaxpr_trace_duration",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration",
-    "/jax/core/compile/backend_compile_duration",
-)
-_recording: list[list] = []
-_listening = False
+
+def model(name):
+    """``(log_joint, x0)``: the posterior and the unconstrained origin."""
+    factory, dim, _ = posteriors.POSTERIORS[name]
+    return factory(), jnp.zeros(dim)
 
 
-def _listener(event, duration, **kwargs):
-    if event in _COMPILE_EVENTS:
-        for log in _recording:
-            log.append((event, kwargs.get("fun_name", "?"), duration))
-
-
-@contextlib.contextmanager
-def compile_log():
-    """Collects ``(event, function name, seconds)`` of JAX's compile events."""
-    global _listening
-    if not _listening:  # once per process (JAX has no public way to unregister)
-        jax.monitoring.register_event_duration_secs_listener(_listener)
-        _listening = True
-    log: list = []
-    _recording.append(log)
-    try:
-        yield log
-    finally:
-        _recording.remove(log)
-
-
-def _compile_summary(log) -> dict:
-    """Compile seconds (trace + lowering + XLA) by program, and how many XLA compiles."""
-    by_fun: dict[str, float] = collections.defaultdict(float)
-    backend = 0
-    for event, fun, seconds in log:
-        by_fun[fun] += seconds
-        backend += event.endswith("backend_compile_duration")
-    big = {f: round(s, 3) for f, s in by_fun.items() if s >= 0.05}
-    small = sum(s for s in by_fun.values() if s < 0.05)
-    if small:
-        big["(programs under 0.05 s each)"] = round(small, 3)
-    return dict(
-        compile_s=round(sum(by_fun.values()), 3),
-        num_compiles=backend,
-        by_program=dict(sorted(big.items(), key=lambda kv: -kv[1])),
-    )
-
-
-def _timed(fn):
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(fn())
-    return out, time.perf_counter() - t0
-
-
-def _moments(draws) -> tuple[np.ndarray, np.ndarray]:
+def moments(draws) -> dict:
     draws = np.asarray(draws)
-    return draws.mean(0), draws.std(0)
+    return dict(mean=draws.mean(0).tolist(), sd=draws.std(0).tolist())
 
 
 def run_jaxvb(name, settings, seed) -> dict:
-    factory, dim, _ = posteriors.POSTERIORS[name]
-    log_joint = factory()
-    x0 = jnp.zeros(dim)
-    num_steps = settings["num_steps"]
+    log_joint, x0 = model(name)
 
-    def call(i):
-        return jaxvb.fit(log_joint, x0, jax.random.key(seed + i), num_steps=num_steps)
+    def call(i, **options):
+        return jaxvb.fit(
+            log_joint,
+            x0,
+            jax.random.key(seed + i),
+            num_steps=settings["num_steps"],
+            **options,
+        )
 
-    load = os.getloadavg()[0]
-    with compile_log() as log:
-        res, first = _timed(lambda: call(0))
-    runs = [_timed(lambda i=i: call(i))[1] for i in range(1, 1 + settings["repeats"])]
-    _, laplace_run = _timed(lambda: jaxvb.laplace(log_joint, x0))
-    run = statistics.median(runs)
+    load = common.load_average()
+    with common.compile_log() as log:
+        res, first = common.timed(call, 0)
+    runs = [common.timed(call, i)[1] for i in range(1, 1 + settings["repeats"])]
+    _, laplace_run = common.timed(jaxvb.laplace, log_joint, x0)
     # What the fit's own program costs to compile without its convergence check, and
     # with fewer diagnostic draws (the Laplace start is compiled by now).
     variants = {}
     for label, options in settings["variants"].items():
-        with compile_log() as vlog:
-            _, vfirst = _timed(
-                lambda o=options: jaxvb.fit(
-                    log_joint, x0, jax.random.key(seed), num_steps=num_steps, **o
-                )
-            )
-        variants[label] = dict(options=options, first_call_s=round(vfirst, 3))
-        variants[label].update(_compile_summary(vlog))
+        with common.compile_log() as vlog:
+            _, vfirst = common.timed(lambda o=options: call(0, **o))
+        variants[label] = dict(
+            options=options, first_call_s=round(vfirst, 3), **common.compile_summary(vlog)
+        )
     return dict(
         first_call_s=round(first, 3),
-        run_s=round(run, 4),
+        run_s=round(statistics.median(runs), 4),
         laplace_run_s=round(laplace_run, 4),
-        **_compile_summary(log),
+        **common.compile_summary(log),
         fit_variants=variants,
-        load_average_1min=round(load, 2),
+        load_average_1min=load,
         mean=np.asarray(res.q.mean).tolist(),
         sd=np.sqrt(np.diagonal(np.asarray(res.q.cov))).tolist(),
         r_squared=float(res.r_squared),
@@ -205,47 +124,28 @@ def run_jaxvb(name, settings, seed) -> dict:
     )
 
 
-def _nuts(log_joint, x0, key, num_warmup, num_samples, num_chains=1):
-    mcmc = MCMC(
-        NUTS(potential_fn=lambda x: -log_joint(x)),
-        num_warmup=num_warmup,
-        num_samples=num_samples,
-        num_chains=num_chains,
-        chain_method="vectorized",
-        progress_bar=False,
-    )
-    init = jnp.broadcast_to(x0, (num_chains, *x0.shape)) if num_chains > 1 else x0
-    return mcmc, lambda k: (mcmc.run(k, init_params=init), mcmc.get_samples())[1]
-
-
 def run_nuts(name, settings, seed) -> dict:
-    factory, dim, _ = posteriors.POSTERIORS[name]
-    log_joint = factory()
-    x0 = jnp.zeros(dim)
-    _, run = _nuts(log_joint, x0, None, **settings["nuts"])
-    load = os.getloadavg()[0]
-    with compile_log() as log:
-        draws, first = _timed(lambda: run(jax.random.key(seed)))
-    _, second = _timed(lambda: run(jax.random.key(seed + 1)))
-    mean, sd = _moments(draws)
+    log_joint, x0 = model(name)
+    run = common.nuts(log_joint, **settings["nuts"])
+    load = common.load_average()
+    with common.compile_log() as log:
+        draws, first = common.timed(lambda: run(jax.random.key(seed), x0).get_samples())
+    _, second = common.timed(lambda: run(jax.random.key(seed + 1), x0).get_samples())
     return dict(
         first_call_s=round(first, 3),
         run_s=round(second, 4),
-        **_compile_summary(log),
-        load_average_1min=round(load, 2),
-        mean=mean.tolist(),
-        sd=sd.tolist(),
+        **common.compile_summary(log),
+        load_average_1min=load,
+        **moments(draws),
     )
 
 
 def run_floor(name, settings, seed) -> dict:
-    """The compile floor: ``jit(scan)`` of ``num_steps`` bare evaluations of the log
-    joint's value and gradient (what NUTS's leapfrog needs), and of its value, gradient
-    and Hessian (what Algorithm 2 needs), at random points near ``x0``; no inference.
-    No engine built on these derivatives compiles sooner than its floor."""
-    factory, dim, _ = posteriors.POSTERIORS[name]
-    log_joint = factory()
-    x0 = jnp.zeros(dim)
+    """``jit(scan)`` of ``num_steps`` bare evaluations of the log joint's value and
+    gradient (what NUTS's leapfrog needs), and of value, gradient and Hessian (what
+    Algorithm 2 needs), at random points near ``x0``: no engine built on these
+    derivatives compiles sooner."""
+    log_joint, x0 = model(name)
 
     def program(order):
         def body(acc, key):
@@ -256,27 +156,27 @@ def run_floor(name, settings, seed) -> dict:
                 acc = acc + jnp.sum(jax.hessian(log_joint)(x))
             return acc, None
 
-        return jax.jit(
-            lambda key: jax.lax.scan(
-                body, jnp.zeros(()), jax.random.split(key, settings["num_steps"])
-            )[0]
-        )
+        def scan(key):
+            keys = jax.random.split(key, settings["num_steps"])
+            return jax.lax.scan(body, jnp.zeros(()), keys)[0]
+
+        return jax.jit(scan)
 
     out = {}
     for label, order in (("value_grad", 1), ("value_grad_hessian", 2)):
         f = program(order)
-        _, first = _timed(lambda f=f: f(jax.random.key(seed)))
-        _, run = _timed(lambda f=f: f(jax.random.key(seed + 1)))
+        _, first = common.timed(f, jax.random.key(seed))
+        _, run = common.timed(f, jax.random.key(seed + 1))
         out[label] = dict(first_call_s=round(first, 3), run_s=round(run, 4))
     return out
 
 
 def run_reference(name, settings, seed) -> dict:
-    factory, dim, _ = posteriors.POSTERIORS[name]
-    _, run = _nuts(factory(), jnp.zeros(dim), None, **settings["reference"])
-    draws = run(jax.random.key(seed + 1000))
-    mean, sd = _moments(draws)
-    return dict(mean=mean.tolist(), sd=sd.tolist(), **settings["reference"])
+    log_joint, x0 = model(name)
+    ref = settings["reference"]
+    init = jnp.broadcast_to(x0, (ref["num_chains"], *x0.shape))
+    mcmc = common.nuts(log_joint, **ref)(jax.random.key(seed + 1000), init)
+    return dict(**moments(mcmc.get_samples()), **ref)
 
 
 def accuracy(got: dict, ref: dict) -> dict:
@@ -289,84 +189,66 @@ def accuracy(got: dict, ref: dict) -> dict:
     )
 
 
-def child(name, num_steps, nuts) -> dict:
-    """A fresh process's first ``jaxvb.fit``, then NUTS's first run (the cache
-    directory from the environment)."""
-    factory, dim, _ = posteriors.POSTERIORS[name]
-    with compile_log() as log:
-        _, first = _timed(
-            lambda: jaxvb.fit(
-                factory(), jnp.zeros(dim), jax.random.key(0), num_steps=num_steps
-            )
+def worker(spec) -> dict:
+    """A fresh process's first ``jaxvb.fit``, then NUTS's first run (the persistent
+    cache's directory from the environment)."""
+    log_joint, x0 = model(spec["name"])
+    with common.compile_log() as log:
+        _, first = common.timed(
+            lambda: jaxvb.fit(log_joint, x0, jax.random.key(0), num_steps=spec["num_steps"])
         )
-    _, run = _nuts(factory(), jnp.zeros(dim), None, **nuts)
-    _, nuts_first = _timed(lambda: run(jax.random.key(0)))
+    run = common.nuts(log_joint, **spec["nuts"])
+    _, nuts_first = common.timed(lambda: run(jax.random.key(0), x0).get_samples())
     return dict(
         first_call_s=round(first, 3),
-        **_compile_summary(log),
+        **common.compile_summary(log),
         nuts_first_call_s=round(nuts_first, 3),
     )
 
 
 def run_cache(name, settings) -> dict:
-    """A new process's first call, with an empty then a filled persistent cache."""
+    """A new process's first call, with an empty and then a filled persistent cache."""
     out = {}
+    spec = dict(name=name, num_steps=settings["num_steps"], nuts=settings["nuts"])
     with tempfile.TemporaryDirectory(prefix="jaxvb_cache_") as cache:
         env = dict(
             os.environ,
             JAX_COMPILATION_CACHE_DIR=cache,
             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-            JAX_ENABLE_X64="1",
         )
         for label in ("cold", "warm"):
-            cmd = [sys.executable, __file__, "--child", name]
-            cmd += ["--num-steps", str(settings["num_steps"])]
-            cmd += ["--nuts", json.dumps(settings["nuts"])]
             t0 = time.perf_counter()
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-            result = json.loads(proc.stdout.strip().splitlines()[-1])
-            result["process_s"] = round(time.perf_counter() - t0, 3)
-            result["load_average_1min"] = round(os.getloadavg()[0], 2)
-            out[label] = result
+            results, error = common.run_worker(__file__, spec, 3600.0, env)
+            out[label] = results[-1] if results else dict(error=error)
+            out[label]["process_s"] = round(time.perf_counter() - t0, 3)
+            out[label]["load_average_1min"] = common.load_average()
     return out
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a small smoke-test run")
-    parser.add_argument("--out", type=Path, default=None, help="output directory")
-    parser.add_argument("--seed", type=int, default=0)
+    parser = common.parser(__doc__)
+    parser.add_argument("--quick", action="store_true", help="M0 only, short runs")
     parser.add_argument("--models", nargs="*", default=None, help="a subset of models")
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--num-steps", type=int, default=1000, help=argparse.SUPPRESS)
-    parser.add_argument("--nuts", type=json.loads, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-
-    jax.config.update("jax_enable_x64", True)
-    if args.child:
-        print(json.dumps(child(args.child, args.num_steps, args.nuts)))
-        return None
+    if args.worker is not None:
+        return common.emit(worker(json.loads(args.worker)))
     settings = dict(QUICK if args.quick else FULL)
     if args.models:
         settings["models"] = tuple(args.models)
-    if args.out is not None:
-        out = args.out
-    elif args.quick:
-        out = Path(tempfile.mkdtemp(prefix="first_fit_"))
-    else:
-        out = Path(__file__).resolve().parent / "results"
-    out.mkdir(parents=True, exist_ok=True)
+    out = common.output_dir(args, NAME)
 
     t_start = time.perf_counter()
+    environment = common.environment()
     models = {}
     for i, name in enumerate(settings["models"]):
-        print(f"{name}", flush=True)
+        print(name, flush=True)
         # Alternate which goes first: the first pays for the small programs both share.
         order = ("jaxvb", "nuts") if i % 2 == 0 else ("nuts", "jaxvb")
         row = {"order": list(order)}
         for which in order:
-            run = run_jaxvb if which == "jaxvb" else run_nuts
-            row[which] = run(name, settings, args.seed)
+            row[which] = (run_jaxvb if which == "jaxvb" else run_nuts)(
+                name, settings, args.seed
+            )
         row["floor"] = run_floor(name, settings, args.seed)
         if settings["reference"] is not None:
             ref = run_reference(name, settings, args.seed)
@@ -380,29 +262,29 @@ def main(argv=None):
         )
         if settings["cache"]:
             row["persistent_cache"] = cache = run_cache(name, settings)
-            # A later process's first fit (cache filled) against NUTS's first run in
-            # the same process (also from the cache).
             warm = cache["warm"]
-            row["speedup_first_call_cached"] = round(
-                warm["nuts_first_call_s"] / warm["first_call_s"], 2
-            )
+            if "first_call_s" in warm:
+                row["speedup_first_call_cached"] = round(
+                    warm["nuts_first_call_s"] / warm["first_call_s"], 2
+                )
         models[name] = row
         j, n = row["jaxvb"], row["nuts"]
         print(
-            f"  jaxvb first {j['first_call_s']:.2f} s (compile {j['compile_s']:.2f} s, "
-            f"run {j['run_s']:.3f} s); NUTS first {n['first_call_s']:.2f} s (run "
-            f"{n['run_s']:.2f} s); {row['speedup_first_call']}x; Hessian floor "
-            f"{row['floor']['value_grad_hessian']['first_call_s']:.2f} s; "
-            f"load {j['load_average_1min']}",
+            f"  jaxvb first {j['first_call_s']:.2f} s (compile {j['compile_s']:.2f} s), "
+            f"after compile {j['run_s']:.3f} s; NUTS first {n['first_call_s']:.2f} s, "
+            f"after compile {n['run_s']:.2f} s; {row['speedup_first_call']}x",
             flush=True,
         )
     speedups = [row["speedup_first_call"] for row in models.values()]
-    cached = [row.get("speedup_first_call_cached") for row in models.values()]
-    cached = [c for c in cached if c is not None]
+    cached = [
+        r["speedup_first_call_cached"]
+        for r in models.values()
+        if "speedup_first_call_cached" in r
+    ]
     report = dict(
         description=(
             "First-fit latency on posteriordb posteriors: jaxvb.fit from a start point "
-            "(Laplace start, Algorithm 2, fixed-point check, diagnostics), compile "
+            "(Laplace start, Algorithm 2, convergence check, diagnostics), compile "
             "included, against NumPyro NUTS's first run (one chain, warmup + draws), "
             "in one process; compile and run reported separately."
         ),
@@ -417,7 +299,7 @@ def main(argv=None):
             start="x0 = 0 (the unconstrained origin) for both",
             dtype="float64",
         ),
-        environment=environment(numpyro_version=numpyro.__version__),
+        environment=environment,
         models=models,
         targets=dict(
             speedup_first_call=TARGET_SPEEDUP,
@@ -435,9 +317,7 @@ def main(argv=None):
         ),
         wall_s=round(time.perf_counter() - t_start, 1),
     )
-    path = out / "first_fit.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {path}", flush=True)
+    common.write_json(out, NAME, report, indent=2)
     return report
 
 

@@ -1096,7 +1096,7 @@ def run_scaling(settings: dict) -> dict:
     diagnostics, the first call (compile seconds from JAX's compile events) and the
     median after compile; where no repeat is asked for (the largest ``T``), the time
     after compile is the first call less its compile seconds."""
-    from first_fit import compile_log
+    from _common import compile_log
 
     from jaxvb.models import stochastic_volatility as sv
 
