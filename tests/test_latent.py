@@ -772,7 +772,8 @@ def test_newton_stops_at_the_mode(dtype, grad_tol, rtol):
     """The start's Newton iterations stop once converged: the sites' ``q(f | theta)``
     mean is the mode of ``p(f | theta, y)`` (gradient ~0) and 30 more iterations do
     not move it."""
-    from jaxvb.latent import _field, _newton_sites
+    from jaxvb.latent import _field
+    from jaxvb.latent.start import _newton_sites
 
     counts = jnp.asarray(np.random.default_rng(2).poisson(3.0, size=T), dtype)
     model = jaxvb.LatentGaussian(
@@ -923,7 +924,7 @@ def test_the_ep_target_is_exact_for_independent_sites():
     ELBO's target lies below it by a gap that varies with ``theta`` (what biases
     ``q(theta)``); the gaps are >= 0, and zero for Gaussian observations at their
     exact sites."""
-    from jaxvb.latent import _target
+    from jaxvb.latent.target import _target
 
     model, exact = _independent_poisson()
     bound, q0, _ = model.start(jnp.zeros(1))
@@ -952,7 +953,7 @@ def test_site_derivatives_differentiate_as_plain_autodiff():
     nodes, whose derivatives along ``f`` reuse the ones computed) differentiates as
     plain autodiff of the same quantities: first, second and third order (reverse,
     forward over reverse, forward over that), through the nodes' means and scales."""
-    from jaxvb.latent import _derivatives, _site_derivatives
+    from jaxvb.latent.model import _derivatives, _site_derivatives
 
     y = jnp.array([0.0, 2.0, 5.0])
     model = jaxvb.LatentGaussian(
@@ -1026,7 +1027,7 @@ def test_the_value_regression_starts_from_q0_in_closed_form():
     and covariance away from the frame's centre and factor; and the fit of ``g_1`` by
     ``C_1`` is ``q0`` itself."""
     from jaxvb.families._base import build
-    from jaxvb.latent import _fit_in_frame, _value_init, _whiten
+    from jaxvb.latent.method import _fit_in_frame, _value_init, _whiten
 
     _, q0, _ = _trend_model().start(jnp.zeros(2))
     cov = jnp.array([[0.3, -0.1], [-0.1, 0.2]])

@@ -50,7 +50,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxvb import _random, latent
+from jaxvb import _random
 from jaxvb._algebra import solve_equilibrated
 from jaxvb.families._base import (
     Array,
@@ -60,7 +60,9 @@ from jaxvb.families._base import (
     register_dataclass,
     register_family,
 )
-from jaxvb.latent import LatentGaussian, _field
+from jaxvb.latent import _field
+from jaxvb.latent import target as latent_target
+from jaxvb.latent.model import LatentGaussian
 from jaxvb.methods._base import Method, trust_region
 from jaxvb.methods.gradient import GradientStats
 
@@ -197,14 +199,16 @@ class GaussianSitesBlock:
 
     def conditional(self, theta: Array):
         """``(mean, factor, ops)`` of ``q(f | theta)``."""
-        mu, chol, ops, *_ = latent._conditional(
+        mu, chol, ops, *_ = latent_target._conditional(
             self.model, self.site_precision, self.site_shift, theta
         )
         return mu, chol, ops
 
     def log_marginal(self, theta: Array) -> Array:
         """``log q(y | theta) = log ∫ p(f | theta) q(y | f) df``."""
-        return latent._log_z(self.model, self.site_precision, self.site_shift, theta)[0]
+        return latent_target._log_z(
+            self.model, self.site_precision, self.site_shift, theta
+        )[0]
 
     def log_prob_given(self, f: Array, theta: Array) -> Array:
         """``log q(f | theta)``."""
@@ -445,7 +449,7 @@ def _direct_gradient(q: Hierarchical, theta: Array):
         return (
             mean,
             prec,
-            latent._prior_log_norm(_field.ops(prec), prec, log_norm, mean.shape[-1]),
+            latent_target._prior_log_norm(_field.ops(prec), prec, log_norm, mean.shape[-1]),
         )
 
     def along(direction):
@@ -535,7 +539,7 @@ def hierarchical(
         """``H(theta) = log p(theta) + log q(y|theta) + E(log p(y|f) - log q(y|f))``:
         :class:`jaxvb.LatentGaussian`'s target."""
         g = q.gaussian
-        value, (eta, var, mu, *_) = latent._target(
+        value, (eta, var, mu, *_) = latent_target._target(
             g.model, g.site_precision, g.site_shift, theta
         )
         return value, (eta, var, mu)

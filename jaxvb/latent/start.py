@@ -1,0 +1,168 @@
+r"""The start of a latent Gaussian fit: a Laplace approximation, in one compiled program.
+
+Newton's method for ``f`` at ``theta`` (the mode of ``p(f | theta, y)``) gives the
+sites (:func:`_newton_sites`); :func:`jaxvb.laplace`'s search on the hyperparameters'
+target ``L`` (:mod:`jaxvb.latent.target`) gives ``q(theta)``; twice, the second time at
+the first's mode (:func:`_start_traced`). :meth:`jaxvb.LatentGaussian.start` validates
+``theta0`` and calls it.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+
+from jaxvb import _static
+from jaxvb._platform import jit_fast, jit_once
+from jaxvb.core.start import default_tol, laplace_traced, near_mode
+from jaxvb.families._base import Array, build
+from jaxvb.latent import _field
+from jaxvb.latent.approximation import LatentGaussianApproximation
+from jaxvb.latent.target import (
+    _prior_log_norm,
+    _target,
+    _value_grad_hessian_differences,
+)
+
+if TYPE_CHECKING:
+    from jaxvb.latent.model import LatentGaussian
+
+
+def _name_the_prior(model: LatentGaussian, theta0: Array) -> None:
+    """Where a start failed because ``p(f | theta0)`` has no normalising constant from
+    its precision (no Cholesky factor), a warning that names it: the fit's own flags
+    (``LAPLACE_FAILED``, non-finite diagnostics) cannot say why."""
+    m, precision, log_norm = model.prior_of_field(theta0)
+    if log_norm is not None:
+        return
+    if bool(
+        jnp.isfinite(_prior_log_norm(_field.ops(precision), precision, None, m.shape[-1]))
+    ):
+        return
+    warnings.warn(
+        "LatentGaussian: the prior precision Q(theta0) has no Cholesky factor (it is "
+        "not positive definite), so log p(f | theta0) has no normalising constant and "
+        "the start failed. A prior flat in some direction (a zero corner for a flat "
+        "intercept) is fine if prior returns (mean, precision, log_norm) with the "
+        "density's log constant; otherwise Q(theta) must be positive definite.",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+def _newton_sites(model: LatentGaussian, theta, num_iter: int = 30):
+    """Sites ``(a, b)`` at the mode of ``p(f | theta, y)``, by Newton's method (at most
+    ``num_iter`` iterations: every loop of the compiled program has a bound; it stops
+    sooner once converged), each step halved until ``log p(f | theta, y)`` does not
+    decrease (at most 30 times): from the prior mean a full step can overshoot far (a
+    Poisson count with a small exposure has a curvature ``exposure * exp(f)`` that is
+    tiny there, and the step is its inverse) and ``exp`` then overflows."""
+    m, precision, _ = model.prior_of_field(theta)
+    ops = _field.ops(precision)
+    qm = ops.matvec(precision, m)
+    num_field = m.shape[-1]
+    n = model.num_sites(precision, num_field)
+    total = lambda eta: jnp.sum(model.site_log_lik(eta, theta))  # noqa: E731
+
+    def objective(f):
+        d = f - m
+        value = total(_field.project(f, model.design, n)) - 0.5 * jnp.dot(
+            d, ops.matvec(precision, d)
+        )
+        return jnp.where(jnp.isfinite(value), value, -jnp.inf)
+
+    def sites(f):
+        eta = _field.project(f, model.design, n)
+        d1, d2 = jax.jvp(jax.grad(total), (eta,), (jnp.ones_like(eta),))
+        a = jnp.maximum(-d2, 0.0)
+        return a, d1 + a * eta
+
+    def body(state):
+        i, f, _ = state
+        a, b = sites(f)
+        p = _field.add_linear_sites(ops, precision, a, model.design, n)
+        new = ops.solve(ops.chol(p), qm + _field.lift(b, model.design, num_field))
+        full = jnp.where(jnp.all(jnp.isfinite(new)), new - f, jnp.zeros_like(f))
+        current = objective(f)
+
+        def worse(state):
+            step, tries = state
+            return (objective(f + step) < current) & (tries < 30)
+
+        step, _ = jax.lax.while_loop(
+            worse, lambda state: (0.5 * state[0], state[1] + 1), (full, 0)
+        )
+        f_next = jnp.where(objective(f + step) >= current, f + step, f)
+        # done once the full Newton step is below eps^(3/4) of f's scale (the next
+        # would square it: nothing left to gain) or f stops moving (it then never
+        # would: the iteration is deterministic)
+        small = jnp.max(jnp.abs(full)) <= tiny * (1.0 + jnp.max(jnp.abs(f)))
+        return i + 1, f_next, small | jnp.all(f_next == f)
+
+    tiny = jnp.finfo(m.dtype).eps ** 0.75
+    _, f, _ = jax.lax.while_loop(
+        lambda state: (state[0] < num_iter) & ~state[2], body, (0, m, False)
+    )
+    return sites(f)
+
+
+# One compiled program for the whole start (eagerly, its loops and searches would be
+# traced again at every call).
+def _start_traced(arrays, static, theta0):
+    model = _static.combine(arrays, static)
+
+    def round_(theta, _):
+        a, b = _newton_sites(model, theta)
+        target = functools.partial(_target, model, a, b)
+
+        def vgh(th):
+            # Hessians by differences of the exact gradient (forward over reverse
+            # through the factorisation's scans costs many gradients on XLA:CPU);
+            # steps relative to the point's size
+            value, grad, hess, _ = _value_grad_hessian_differences(
+                target, th, jnp.maximum(1.0, jnp.abs(th)), central=False
+            )
+            return value, grad, hess
+
+        # the search itself (jaxvb.laplace raises where it fails; here a failure is
+        # the fit's LAPLACE_FAILED flag)
+        theta_q, info = laplace_traced(
+            lambda th: target(th)[0],
+            theta,
+            default_tol(theta.dtype),
+            max_iter=200,
+            vgh=vgh,
+        )
+        return theta_q.mean, (theta_q, info)
+
+    # two rounds as a loop: the sites' search and the mode search compile once
+    theta, (theta_qs, infos) = jax.lax.scan(round_, theta0, None, length=2)
+    theta_q, info = jax.tree_util.tree_map(lambda v: v[-1], (theta_qs, infos))
+    a, b = _newton_sites(model, theta)
+    q0 = build(
+        LatentGaussianApproximation,
+        theta=theta_q,
+        site_precision=a,
+        site_shift=b,
+        model=model,
+        theta_centre=theta_q.mean,
+        theta_frame=_frame_of(theta_q.cov),
+    )
+    return q0, near_mode(info) & q0.is_proper
+
+
+_start = jit_once(_start_traced, static_argnames=("static",))
+_start_optimised = jit_fast(_start_traced, static_argnames=("static",))
+
+
+def _frame_of(cov: Array) -> Array:
+    """The Cholesky factor of ``cov``, or the identity where it has none (a failed
+    start, already flagged ``LAPLACE_FAILED``): the frame only conditions the
+    statistics, any fixed invertible one gives the same fit in exact arithmetic."""
+    chol = jnp.linalg.cholesky(cov)
+    ok = jnp.all(jnp.isfinite(chol)) & jnp.all(jnp.diagonal(chol) > 0)
+    return jnp.where(ok, chol, jnp.eye(cov.shape[-1], dtype=cov.dtype))
