@@ -1078,7 +1078,7 @@ def test_the_default_regresses_values_only_where_the_factorisation_is_costly():
 
 @pytest.mark.slow
 def test_a_trace_records_q_theta_and_the_sites_per_step():
-    """``trace=True`` (it had failed: the family had no ``natural_params``): per step
+    """``trace=True`` (the family has ``natural_params`` for it): per step
     ``q(theta)``'s natural parameters, then the sites' ``(b, -a / 2)``; on the conjugate
     model every iterate is the exact posterior, so the last row is the result's (the
     result is the second half's average, not the last iterate: equal to round-off)."""
@@ -1209,11 +1209,10 @@ print("ok")
 @pytest.mark.integration
 def test_many_draws_of_a_dense_field_do_not_hang():
     """A dense field's draws solve for ``q(f | theta)``'s mean and back-solve the noise:
-    under ``vmap`` two batched triangular solves, which side by side hung jaxlib 0.10
-    on 2 cores within the first 30 calls (a ``summary()`` of such a fit froze a test
-    worker, with the suite's flags); the back-solve now waits for the mean
-    (``_platform.after``). A subprocess, so that a hang fails the test at its timeout
-    instead of stopping the session."""
+    under ``vmap`` two batched triangular solves, which side by side can hang jaxlib
+    0.10 on 2 cores, so the back-solve waits for the mean (``_platform.after``). A
+    subprocess, so that a hang fails the test at its timeout instead of stopping the
+    session."""
     import subprocess
     import sys
 
