@@ -1,12 +1,12 @@
 r"""Cholesky, triangular inverse and linear solves for matrices of order <= 4, unrolled.
 
 Why not ``jnp.linalg``: on the CPU each ``jnp.linalg`` call is a LAPACK custom call,
-a separate step of XLA's runtime with a fixed cost of ~0.5--3.5 us (a ``3 x 3``
-``solve`` is an LU, two triangular solves and a permutation: ~3.5 us), while the
-same arithmetic written out elementwise fuses with its neighbours into one kernel
-(~0.05 us). Inside a fit's ``lax.scan`` the small solves of every step (the scalar
-blocks' ``C^{-1} g``, the ``k x k`` Schur complement of an arrowhead precision) add
-up: ~10% of the stochastic-volatility fit. Larger orders fall back to ``jnp.linalg``.
+a separate step of XLA's runtime with a fixed cost per call (a ``3 x 3`` ``solve`` is an
+LU, two triangular solves and a permutation), while the same arithmetic written out
+elementwise fuses with its neighbours into one kernel. Inside a fit's ``lax.scan`` the
+small solves of every step (the scalar blocks' ``C^{-1} g``, the ``k x k`` Schur
+complement of an arrowhead precision) add up to a visible share of a fit such as the
+stochastic-volatility model's. Larger orders fall back to ``jnp.linalg``.
 
 The results agree with LAPACK's to rounding: the same algorithms (Cholesky-
 Banachiewicz; Gaussian elimination with partial pivoting, the row of largest

@@ -31,16 +31,18 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from jaxvb.linalg import _small as small
-from jaxvb.linalg.banded import (
+from jaxvb.linalg._band_form import (
     _as_band,
     _as_float,
-    _backward,
-    _forward,
-    _parallel_tridiagonal,
     _rhs,
     _shift,
     _unshift,
     _zero_padding,
+)
+from jaxvb.linalg._tridiagonal import _parallel_tridiagonal
+from jaxvb.linalg.banded import (
+    _backward,
+    _forward,
     cholesky_banded,
     from_dense,
     is_pd_banded,
@@ -255,7 +257,7 @@ def _tri_inv(corner: Array) -> Array:
     """``L_S^{-1}`` (``k x k``), to be applied as a matmul.
 
     With ``k`` small, one ``k x k`` inverse and a matmul beat a triangular solve with
-    ``T`` (or one per draw) right-hand sides: 2-10x on CPU at ``T = 10^5 .. 10^6``.
+    ``T`` (or one per draw) right-hand sides, by more the larger ``T`` is.
     """
     return small.inv_lower(corner)
 
@@ -541,7 +543,7 @@ def gaussian_arrowhead(
     precisions) in two scans over ``T`` instead of six: the factorisation runs with the
     forward substitutions of the border and of ``h``, and the back substitutions run
     with the Takahashi recursion. Inside an iteration the scans' per-row overhead, not
-    their arithmetic, is the cost, so this is ~2x faster there.
+    their arithmetic, is the cost, so fewer scans are what saves time there.
 
     Args:
       p: an ``Arrowhead`` precision.

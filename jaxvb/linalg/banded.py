@@ -15,13 +15,15 @@ factor ``L`` (lower triangular, ``A = L L'``, same bandwidth) is stored the same
 ``w = 0``.
 
 The factor, the solves, the selected inverse and sampling are each one ``lax.scan``:
-over the ``T`` rows carrying a ``w x w`` window for ``w < 4``, over blocks of ``b =
-max(w, 8)`` rows with dense ``b x b`` blocks for wider bands (``T / b`` steps: a scan's
-per-step cost, not its arithmetic, is what a row recurrence spends on XLA:CPU). On an
-accelerator, where every scan step is a kernel launch, ``w = 1`` runs as log-depth
-prefix compositions instead (``log2 T`` rounds over the whole array, ``O(T log T)``
-work; the same results to rounding): ``JAXVB_TRIDIAGONAL=parallel|sequential`` picks
-one by hand, "auto" (the default) by the backend when a function is traced. Time is
+over the ``T`` rows carrying a ``w x w`` window for ``w < 4`` (here; scalar recurrences
+for ``w = 1``, in :mod:`jaxvb.linalg._tridiagonal`), over blocks of ``b = max(w, 8)``
+rows with dense ``b x b`` blocks for wider bands (:mod:`jaxvb.linalg._blocks`: ``T / b``
+steps, since a scan's per-step cost, not its arithmetic, is what a row recurrence
+spends on XLA:CPU). On an accelerator, where every scan step is a kernel launch, ``w =
+1`` runs as log-depth prefix compositions instead (``log2 T`` rounds over the whole
+array, ``O(T log T)`` work; the same results to rounding):
+``JAXVB_TRIDIAGONAL=parallel|sequential`` picks one by hand, "auto" (the default) by
+the backend when a function is traced. Time is
 ``O(T w^2)`` either way and memory ``O(T w)`` (``O(T w^2)`` for reverse-mode gradients);
 nothing ``T x T`` is formed (except by ``to_dense``, which is for tests). All functions
 work under ``jit``, ``vmap`` and ``grad`` and keep the input's floating dtype; ``T`` and
@@ -32,23 +34,47 @@ A negative pivot ``A[i, i] - sum_k L[i, k]^2`` puts NaN on the diagonal of row `
 every row of its block, for ``w >= 4``) and, for ``w >= 1``, in every later row (each row
 is solved against the ones before it); a zero pivot gives a zero diagonal and inf or NaN
 after it (NaN from its block on, for ``w >= 4``; NaN from it on, for ``w = 1`` by prefix
-compositions). Either way ``logdet_banded`` is
-NaN or -inf, never a plausible number, and ``is_pd_banded(chol)`` turns it into a
-boolean for callers to flag.
+compositions). Either way ``logdet_banded`` is NaN or -inf, never a plausible number,
+and ``is_pd_banded(chol)`` turns it into a boolean for callers to flag.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.scipy.linalg import solve_triangular
 from jax.typing import ArrayLike
+
+from jaxvb.linalg._band_form import (
+    _as_band,
+    _as_float,
+    _from_rows,
+    _rhs,
+    _shift,
+    _to_rows,
+    _unshift,
+    _zero_padding,
+)
+from jaxvb.linalg._blocks import (
+    _backward_blocks,
+    _cholesky_blocks,
+    _forward_blocks,
+    _selected_inverse_blocks,
+)
+from jaxvb.linalg._tridiagonal import (
+    _backward_bidiagonal,
+    _backward_bidiagonal_parallel,
+    _cholesky_tridiagonal,
+    _cholesky_tridiagonal_parallel,
+    _forward_bidiagonal,
+    _forward_bidiagonal_parallel,
+    _parallel_tridiagonal,
+    _selected_inverse_tridiagonal,
+    _selected_inverse_tridiagonal_parallel,
+)
 
 Array = jax.Array
 
@@ -99,62 +125,13 @@ class Banded(NamedTuple):
         return self.ab.shape[-2] - 1
 
 
-# --------------------------------------------------------------------------- helpers
+_BLOCK_MIN_W = 4  # narrowest band factored in blocks (jaxvb.linalg._blocks)
 
 
-def _as_float(x: ArrayLike) -> Array:
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.inexact):
-        x = x.astype(jnp.result_type(float))
-    return x
-
-
-def _as_band(ab: ArrayLike, name: str = "ab") -> Array:
-    ab = _as_float(ab)
-    if ab.ndim != 2 or ab.shape[0] < 1 or ab.shape[1] < 1:
-        raise ValueError(
-            f"{name} must have shape (w + 1, T) with w >= 0 and T >= 1 (lower band form, "
-            f"row r the r-th subdiagonal), got {ab.shape}; use jax.vmap for a batch."
-        )
-    return ab
-
-
-def _shift(x: Array, r: int) -> Array:
-    """``y[i] = x[i - r]`` (zero where ``i - r < 0``) along the first axis."""
-    n = x.shape[0]
-    r = min(r, n)
-    pad = jnp.zeros((r, *x.shape[1:]), x.dtype)
-    return jnp.concatenate([pad, x[: n - r]])
-
-
-def _unshift(x: Array, r: int) -> Array:
-    """``y[i] = x[i + r]`` (zero where ``i + r >= T``) along the first axis."""
-    n = x.shape[0]
-    r = min(r, n)
-    pad = jnp.zeros((r, *x.shape[1:]), x.dtype)
-    return jnp.concatenate([x[r:], pad])
-
-
-def _zero_padding(ab: Array) -> Array:
-    """``ab`` with its padding entries ``ab[r, T - r:]`` set to zero."""
-    w1, t = ab.shape
-    valid = jnp.arange(t)[None, :] < t - jnp.arange(w1)[:, None]
-    return jnp.where(valid, ab, jnp.zeros((), ab.dtype))
-
-
-def _to_rows(ab: Array) -> Array:
-    """Row form, shape ``(T, w + 1)``: ``rows[i, w - r] = A[i, i - r]`` (zero if ``i < r``).
-
-    Row ``i`` of the lower triangle, ending with its diagonal entry.
-    """
-    w = ab.shape[0] - 1
-    return jnp.stack([_shift(ab[r], r) for r in range(w, -1, -1)], axis=1)
-
-
-def _from_rows(rows: Array) -> Array:
-    """The inverse of ``_to_rows``, with zero padding."""
-    w = rows.shape[1] - 1
-    return jnp.stack([_unshift(rows[:, w - r], r) for r in range(w + 1)])
+def _blocked(w: int) -> bool:
+    """Whether a band of width ``w`` goes by blocks: the narrow bands keep the row
+    recurrences, which are cheaper there (``benchmarks/linalg_scaling.py``)."""
+    return w >= _BLOCK_MIN_W
 
 
 def _forward_window(lwin: Array, a: Array) -> Array:
@@ -174,319 +151,6 @@ def _forward_window(lwin: Array, a: Array) -> Array:
             acc = acc - lwin[j, k] * out[k]
         out.append(acc / lwin[j, j])
     return jnp.stack(out) if out else a
-
-
-# Bandwidth 1 (AR(1) and random-walk precisions, the common case) gets its own scalar
-# recurrences: the generic window code carries (w, w) arrays through concatenations,
-# which costs ~5x more per row, and ~50x more when vmapped over draws.
-
-
-def _cholesky_tridiagonal(ab: Array) -> Array:
-    """``L`` of a tridiagonal SPD matrix: ``c_i = sqrt(a_i - l_{i-1}^2)``, ``l_i = b_i / c_i``."""
-    sub = _zero_padding(ab)[1]
-
-    def step(l_prev, row):
-        a, b = row
-        c = jnp.sqrt(a - l_prev * l_prev)
-        l_i = b / c
-        return l_i, (c, l_i)
-
-    _, (c, l) = lax.scan(step, jnp.zeros((), ab.dtype), (ab[0], sub))
-    return jnp.stack([c, l])
-
-
-def _forward_bidiagonal(chol: Array, b: Array) -> Array:
-    """``L^{-1} b``: ``y_i = (b_i - l_{i-1} y_{i-1}) / c_i``, ``b`` of shape ``(T, m)``."""
-    sub_prev = _shift(chol[1], 1)  # l_{i-1}, zero for i = 0
-
-    def step(y_prev, inputs):
-        c, l_prev, bi = inputs
-        y = (bi - l_prev * y_prev) / c
-        return y, y
-
-    return lax.scan(step, jnp.zeros(b.shape[1:], b.dtype), (chol[0], sub_prev, b))[1]
-
-
-def _backward_bidiagonal(chol: Array, y: Array) -> Array:
-    """``L'^{-1} y``: ``x_i = (y_i - l_i x_{i+1}) / c_i``, from the last row up."""
-    sub = _zero_padding(chol)[1]
-
-    def step(x_next, inputs):
-        c, l_i, yi = inputs
-        x = (yi - l_i * x_next) / c
-        return x, x
-
-    init = jnp.zeros(y.shape[1:], y.dtype)
-    return lax.scan(step, init, (chol[0], sub, y), reverse=True)[1]
-
-
-def _selected_inverse_tridiagonal(chol: Array) -> Array:
-    """Takahashi for ``w = 1``: with ``r_i = l_i / c_i`` and ``s = Sigma[i+1, i+1]``,
-    ``Sigma[i+1, i] = -r_i s`` and ``Sigma[i, i] = 1 / c_i^2 + r_i^2 s``."""
-    chol = _zero_padding(chol)
-
-    def step(s_next, col):
-        c, l_i = col
-        r = l_i / c
-        cov = -r * s_next
-        var = 1.0 / (c * c) - r * cov
-        return var, (var, cov)
-
-    _, (var, cov) = lax.scan(
-        step, jnp.zeros((), chol.dtype), (chol[0], chol[1]), reverse=True
-    )
-    return _zero_padding(jnp.stack([var, cov]))
-
-
-# On an accelerator a scan over rows is a chain of T small kernels whatever their work:
-# an SV fit of T = 945 took 4.1 s on an H200 against 0.03 s on 2 CPU cores
-# (benchmarks/results/gpu.json). There, w = 1 goes through associative scans instead:
-# log2(T) levels of O(T) elementwise work, the same arithmetic in another order. The
-# pivots d_i = a_i - b_{i-1}^2 / d_{i-1} are a continued fraction, the ratio of a
-# product of 2 x 2 matrices (rescaled as they are multiplied: the ratio does not see
-# the scale); the solves and the selected inverse are affine recurrences. "auto" picks
-# it where the default backend is not the CPU; JAXVB_TRIDIAGONAL=parallel|sequential
-# forces one (read when a function is traced).
-
-_TRIDIAGONAL_MODES = ("auto", "parallel", "sequential")
-
-
-def _parallel_tridiagonal() -> bool:
-    mode = os.environ.get("JAXVB_TRIDIAGONAL", "auto")
-    if mode not in _TRIDIAGONAL_MODES:
-        raise ValueError(
-            f"JAXVB_TRIDIAGONAL must be one of {_TRIDIAGONAL_MODES}, got {mode!r}"
-        )
-    return mode == "parallel" or (mode == "auto" and jax.default_backend() != "cpu")
-
-
-def _affine(earlier, later):
-    """``x -> a x + b`` maps composed, ``later`` after ``earlier`` (associative)."""
-    a1, b1 = earlier
-    a2, b2 = later
-    return a2 * a1, a2 * b1 + b2
-
-
-def _moebius(earlier, later):
-    """2 x 2 matrices (four ``(T,)`` arrays) multiplied ``later @ earlier`` and rescaled
-    to a largest entry of 1 (a continued fraction is the ratio of two entries)."""
-    p = (
-        later[0] * earlier[0] + later[1] * earlier[2],
-        later[0] * earlier[1] + later[1] * earlier[3],
-        later[2] * earlier[0] + later[3] * earlier[2],
-        later[2] * earlier[1] + later[3] * earlier[3],
-    )
-    scale = lax.stop_gradient(functools.reduce(jnp.maximum, [jnp.abs(e) for e in p]))
-    scale = jnp.where(scale > 0, scale, 1.0)
-    return tuple(e / scale for e in p)
-
-
-def _prefix(combine, identity, elems, *, reverse: bool = False):
-    """Inclusive prefix compositions of ``elems`` (a tuple of ``(T, ...)`` arrays) along
-    the first axis: Hillis-Steele, ``ceil(log2 T)`` rounds of ``x_j <- combine(x_{j-s},
-    x_j)``, ``s = 1, 2, 4, ...``, each round the whole array at once.
-
-    ``O(T log T)`` work in ``log T`` steps of one loop: one small program to compile
-    (``lax.associative_scan`` unrolls its levels: 6-13 s to compile a factor, solve and
-    selected inverse with their gradients on XLA:CPU, against well under a second).
-    ``identity``: the neutral element, a tuple of scalars.
-    """
-    if reverse:
-        flipped = _prefix(combine, identity, tuple(e[::-1] for e in elems))
-        return tuple(e[::-1] for e in flipped)
-    t = elems[0].shape[0]
-    rounds = max(1, (t - 1).bit_length())
-    index = jnp.arange(t)
-
-    def one_round(i, x):
-        s = 2**i
-        keep = index >= s  # x_{j-s} exists; else the neutral element
-
-        def before(e, neutral):
-            mask = keep.reshape((t,) + (1,) * (e.ndim - 1))
-            return jnp.where(mask, jnp.roll(e, s, axis=0), jnp.asarray(neutral, e.dtype))
-
-        return combine(tuple(map(before, x, identity)), x)
-
-    return lax.fori_loop(0, rounds, one_round, tuple(elems))
-
-
-def _cholesky_tridiagonal_parallel(ab: Array) -> Array:
-    """The pivots ``d_i = a_i - b_{i-1}^2 / d_{i-1}`` as ``P_i[0, 0] / P_i[1, 0]``, ``P_i =
-    M_i ... M_0``, ``M_i = [[a_i, -b_{i-1}^2], [1, 0]]``; NaN from a pivot <= 0 on."""
-    sub = _zero_padding(ab)[1]
-    b2 = _shift(sub * sub, 1)
-    one = jnp.ones_like(b2)
-    p00, _, p10, _ = _prefix(
-        _moebius, (1.0, 0.0, 0.0, 1.0), (ab[0], -b2, one, jnp.zeros_like(one))
-    )
-    d = p00 / p10
-    bad = jnp.cumsum(~(d > 0)) > 0  # a scan over rows would carry the NaN on
-    c = jnp.where(bad, jnp.nan, jnp.sqrt(jnp.where(bad, 1.0, d)))
-    return jnp.stack([c, sub / c])
-
-
-def _forward_bidiagonal_parallel(chol: Array, b: Array) -> Array:
-    c = chol[0][:, None]
-    a = -_shift(chol[1], 1)[:, None] / c
-    return _prefix(_affine, (1.0, 0.0), (a, b / c))[1]
-
-
-def _backward_bidiagonal_parallel(chol: Array, y: Array) -> Array:
-    c = chol[0][:, None]
-    a = -_zero_padding(chol)[1][:, None] / c
-    return _prefix(_affine, (1.0, 0.0), (a, y / c), reverse=True)[1]
-
-
-def _selected_inverse_tridiagonal_parallel(chol: Array) -> Array:
-    chol = _zero_padding(chol)
-    c, l = chol
-    r = l / c
-    var = _prefix(_affine, (1.0, 0.0), (r * r, 1.0 / (c * c)), reverse=True)[1]
-    return _zero_padding(jnp.stack([var, -r * _unshift(var, 1)]))
-
-
-# Wider bands go through blocks: the matrix as block tridiagonal with dense b x b blocks
-# (b = max(w, 8) >= w, so a block row couples to the one before it only), each scan
-# step a small dense Cholesky, triangular solve or product. T / b steps instead of T:
-# per-step overhead, not arithmetic, is what a scan over rows costs on XLA:CPU (at T =
-# 400, w = 40 a gradient through the factor, a solve and the selected inverse takes
-# half the time and half the compile time of the row scans). The narrow bands keep the
-# row recurrences, which are cheaper there (w = 2: 2 ms against 40 ms at T = 10^4).
-
-_BLOCK_MIN_W = 4  # narrowest band factored in blocks
-_BLOCK_MIN_SIZE = 8  # smallest block
-
-
-def _blocked(w: int) -> bool:
-    return w >= _BLOCK_MIN_W
-
-
-def _block_size(w: int) -> int:
-    return max(w, _BLOCK_MIN_SIZE)
-
-
-@functools.lru_cache(maxsize=64)
-def _block_index(w: int, t: int, b: int, symmetric: bool):
-    """Gather indices into a flat ``(w + 1) * T`` band form for the diagonal blocks
-    and the sub-diagonal blocks (block ``i``'s rows against block ``i - 1``'s
-    columns), their masks, and where the padding's diagonal is (``T`` rounded up to
-    whole blocks; the padding is an identity)."""
-    nb = -(-t // b)
-    rows = np.arange(nb)[:, None, None] * b + np.arange(b)[None, :, None]
-
-    def index(cols):
-        d = rows - cols
-        inside = (rows < t) & (cols >= 0) & (cols < t)
-        lower = inside & (d >= 0) & (d <= w)
-        flat = np.where(lower, d * t + cols, 0)
-        if symmetric:  # the upper triangle from the lower band
-            upper = inside & (d < 0) & (-d <= w)
-            flat = np.where(upper, -d * t + rows, flat)
-            lower = lower | upper
-        return flat, lower
-
-    cols = np.arange(nb)[:, None, None] * b + np.arange(b)[None, None, :]
-    padding = (rows == cols) & (rows >= t)
-    return index(cols), index(cols - b), padding
-
-
-def _to_blocks(ab: Array, *, symmetric: bool) -> tuple[Array, Array]:
-    """``(diag, sub)``, each ``(T / b, b, b)``: the diagonal blocks (the padding's an
-    identity) and the blocks below them (``sub[0] = 0``) of the symmetric matrix
-    (``symmetric``) or of the lower-triangular factor in band form ``ab``."""
-    w, t = ab.shape[0] - 1, ab.shape[1]
-    (di, dm), (si, sm), padding = _block_index(w, t, _block_size(w), symmetric)
-    flat = ab.reshape(-1)
-    zero = jnp.zeros((), ab.dtype)
-    diag = jnp.where(dm, flat[di], zero) + jnp.asarray(padding, ab.dtype)
-    return diag, jnp.where(sm, flat[si], zero)
-
-
-def _from_blocks(diag: Array, sub: Array, w: int, t: int) -> Array:
-    """The lower band form ``(w + 1, T)`` of the block matrix ``(diag, sub)``."""
-    b = diag.shape[1]
-    rows = np.arange(w + 1)[:, None] + np.arange(t)[None, :]
-    cols = np.broadcast_to(np.arange(t)[None, :], rows.shape)
-    inside = rows < t
-    rows = np.where(inside, rows, 0)
-    same = rows // b == cols // b
-    block_row = (rows // b, rows % b, cols % b)
-    value = jnp.where(same, diag[block_row], sub[block_row])
-    return jnp.where(inside, value, jnp.zeros((), diag.dtype))
-
-
-def _cholesky_blocks(ab: Array) -> Array:
-    """``L`` by blocks: ``M_i = C_i L_{i-1}^{-T}``, ``L_i = chol(D_i - M_i M_i')``."""
-    diag, sub = _to_blocks(ab, symmetric=True)
-
-    def step(l_prev, blocks):
-        d, c = blocks
-        m = solve_triangular(l_prev, c.T, lower=True).T
-        l_i = jnp.linalg.cholesky(d - m @ m.T)
-        return l_i, (l_i, m)
-
-    eye = jnp.eye(diag.shape[1], dtype=ab.dtype)
-    _, (l, m) = lax.scan(step, eye, (diag, sub))
-    return _from_blocks(l, m, ab.shape[0] - 1, ab.shape[1])
-
-
-def _padded_blocks(x: Array, nb: int, b: int) -> Array:
-    """``(T, m)`` as ``(T / b, b, m)``, zero rows after ``T``."""
-    pad = jnp.zeros((nb * b - x.shape[0],) + x.shape[1:], x.dtype)
-    return jnp.concatenate([x, pad]).reshape((nb, b) + x.shape[1:])
-
-
-def _forward_blocks(chol: Array, rhs: Array) -> Array:
-    """``L^{-1} rhs`` by blocks: ``y_i = L_i^{-1} (rhs_i - M_i y_{i-1})``."""
-    l, m = _to_blocks(chol, symmetric=False)
-    nb, b = l.shape[:2]
-
-    def step(y_prev, inputs):
-        l_i, m_i, r_i = inputs
-        y = solve_triangular(l_i, r_i - m_i @ y_prev, lower=True)
-        return y, y
-
-    init = jnp.zeros((b,) + rhs.shape[1:], rhs.dtype)
-    y = lax.scan(step, init, (l, m, _padded_blocks(rhs, nb, b)))[1]
-    return y.reshape((nb * b,) + rhs.shape[1:])[: rhs.shape[0]]
-
-
-def _backward_blocks(chol: Array, y: Array) -> Array:
-    """``L'^{-1} y`` by blocks, the last first: ``x_i = L_i^{-T} (y_i - M_{i+1}' x_{i+1})``."""
-    l, m = _to_blocks(chol, symmetric=False)
-    nb, b = l.shape[:2]
-    m_next = jnp.concatenate([m[1:], jnp.zeros_like(m[:1])])
-
-    def step(x_next, inputs):
-        l_i, m_n, y_i = inputs
-        x = solve_triangular(l_i, y_i - m_n.T @ x_next, lower=True, trans=1)
-        return x, x
-
-    init = jnp.zeros((b,) + y.shape[1:], y.dtype)
-    x = lax.scan(step, init, (l, m_next, _padded_blocks(y, nb, b)), reverse=True)[1]
-    return x.reshape((nb * b,) + y.shape[1:])[: y.shape[0]]
-
-
-def _selected_inverse_blocks(chol: Array) -> Array:
-    """Takahashi by blocks, the last first: with ``S = Sigma_{i+1, i+1}``,
-    ``Sigma_{i+1, i} = -S M_{i+1} L_i^{-1}`` and ``Sigma_{i, i} = L_i^{-T} L_i^{-1} -
-    Sigma_{i+1, i}' M_{i+1} L_i^{-1}``."""
-    l, m = _to_blocks(chol, symmetric=False)
-    m_next = jnp.concatenate([m[1:], jnp.zeros_like(m[:1])])
-    eye = jnp.eye(l.shape[1], dtype=chol.dtype)
-
-    def step(s_next, inputs):
-        l_i, m_n = inputs
-        l_inv = solve_triangular(l_i, eye, lower=True)
-        cov = -(s_next @ m_n) @ l_inv
-        s = l_inv.T @ l_inv - cov.T @ m_n @ l_inv
-        return s, (s, cov)
-
-    _, (s, cov) = lax.scan(step, jnp.zeros_like(eye), (l, m_next), reverse=True)
-    # block i's rows against block i - 1's columns: Sigma_{i, i-1} = cov[i - 1]
-    below = jnp.concatenate([jnp.zeros_like(cov[:1]), cov[:-1]])
-    return _from_blocks(s, below, chol.shape[0] - 1, chol.shape[1])
 
 
 # --------------------------------------------------------------------------- public
@@ -623,15 +287,6 @@ def logdet_banded(chol: ArrayLike) -> Array:
     """
     chol = _as_band(chol, "chol")
     return 2.0 * jnp.sum(jnp.log(chol[0]))
-
-
-def _rhs(b: ArrayLike, t: int, dtype) -> tuple[Array, bool]:
-    b = jnp.asarray(b, dtype=jnp.result_type(dtype, jnp.asarray(b).dtype))
-    if b.ndim not in (1, 2) or b.shape[0] != t:
-        raise ValueError(
-            f"right-hand side must have shape ({t},) or ({t}, m), got {b.shape}."
-        )
-    return (b[:, None], True) if b.ndim == 1 else (b, False)
 
 
 def _forward(chol: Array, b: Array) -> Array:
