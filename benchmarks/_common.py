@@ -8,6 +8,8 @@ Every script in ``benchmarks/`` is one experiment; what they share is here:
   :func:`compile` (``jit(fn).lower(...).compile()``, its seconds apart) and
   :func:`compile_log` (JAX's compile events by program).
 * **The model's own cost.** :func:`hessian_scan`.
+* **Results and draws.** :func:`status_record`, :func:`draws_summary` (a reference's
+  record of one quantity), :func:`kde_on_grid`, :func:`rounded`.
 * **Peers in the same process.** :func:`nuts`: NumPyro NUTS on a log joint.
 * **Fresh processes.** :func:`run_worker` runs a script's ``--worker`` function in a
   subprocess (its own peak memory, its own compile caches, a time limit) and collects
@@ -166,6 +168,56 @@ def loglog_slope(x, y) -> float:
     return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y)), 1)[0])
 
 
+# --- results and draws ---------------------------------------------------------------------
+
+
+def status_record(result, length: int = 600) -> dict:
+    """A fit's ``status``, its flags' names and, when not 0, ``jaxvb.explain``'s text."""
+    import jaxvb
+
+    status = jaxvb.Status(int(result.status))
+    out = dict(status=int(status), flags=status.name if status else "OK")
+    if status:
+        out["explanation"] = jaxvb.explain(result)[:length]
+    return out
+
+
+def rounded(a, digits: int = 7) -> list:
+    """``a`` flattened to a list of floats of ``digits`` significant digits."""
+    return [float(f"{x:.{digits}g}") for x in np.asarray(a, np.float64).ravel()]
+
+
+def draws_summary(x, quantiles, thinned: int = 2000) -> dict:
+    """A reference's record of one quantity from draws ``x`` of shape ``(chains,
+    draws)``: moments, quantiles, ESS and split R-hat (NumPyro's), the Monte Carlo
+    error of the mean, and ``thinned`` of the draws (for histograms)."""
+    from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
+
+    x = np.asarray(x, np.float64)
+    flat = x.reshape(-1)
+    ess = float(effective_sample_size(x))
+    sd = float(np.std(flat))
+    return dict(
+        mean=float(np.mean(flat)),
+        sd=sd,
+        quantiles={str(q): float(np.quantile(flat, q)) for q in quantiles},
+        ess=ess,
+        r_hat=float(split_gelman_rubin(x)),
+        mean_mc_error=sd / np.sqrt(ess),
+        draws_thinned=rounded(flat[:: max(1, flat.size // thinned)][:thinned]),
+    )
+
+
+def kde_on_grid(reference_draws, draws, num: int, pad: float) -> tuple[list, list]:
+    """A Gaussian kernel density estimate (``scipy.stats.gaussian_kde``) of ``draws`` on
+    ``num`` points over the reference's draws, widened by ``pad`` of their range."""
+    from scipy.stats import gaussian_kde
+
+    lo, hi = np.quantile(np.asarray(reference_draws), [0.0005, 0.9995])
+    grid = np.linspace(lo - pad * (hi - lo), hi + pad * (hi - lo), num)
+    return rounded(grid, 6), rounded(gaussian_kde(np.asarray(draws))(grid), 6)
+
+
 # --- peers ---------------------------------------------------------------------------------
 
 
@@ -178,9 +230,9 @@ def nuts(
     chain_method: str = "vectorized",
 ):
     """NumPyro NUTS on ``log_joint`` (flat ``x``), the peer the benchmarks run in their
-    own process. Returns ``run(key, init) -> MCMC`` (one ``MCMC`` object: a second run
-    reuses its compiled sampler); ``extra_fields`` records ``num_steps`` and
-    ``diverging``."""
+    own process. Returns ``run(key, init) -> MCMC``, which returns once the draws are
+    computed; it runs one ``MCMC`` object, so a second run reuses its compiled
+    sampler. ``extra_fields`` holds ``num_steps`` and ``diverging``."""
     from numpyro.infer import MCMC, NUTS
 
     mcmc = MCMC(
@@ -194,6 +246,7 @@ def nuts(
 
     def run(key, init):
         mcmc.run(key, init_params=init, extra_fields=("num_steps", "diverging"))
+        jax.block_until_ready(mcmc.last_state)
         return mcmc
 
     return run

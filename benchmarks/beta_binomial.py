@@ -163,32 +163,26 @@ def exact_scores(log_q, log_p, weights, log_z) -> dict:
     )
 
 
+#: The fit's own diagnostics, as a user sees them.
+DIAGNOSTICS = ("kl", "kl_stderr", "log_evidence_stderr", "khat", "r_squared", "elbo")
+DIAGNOSTICS += ("elbo_stderr", "log_evidence", "fixed_point_shift")
+
+
 def fit_record(res, exact, log_z) -> dict:
     """One fit: its diagnostics, the exact scores, and the mixture itself."""
     weights = np.asarray(res.q.weights)
-    half_s2 = float(res.residual_variance) / 2
+    own = {k: float(getattr(res, k)) for k in DIAGNOSTICS}
+    own["half_s2"] = float(res.residual_variance) / 2
     return dict(
         status=int(res.status),
         message=jaxvb.explain(res),
         num_alive=int(np.sum(weights > 0)),
-        exact_kl=exact["kl"],
-        exact_half_s2=exact["half_s2"],
-        exact_r_squared=exact["r_squared"],
-        exact_elbo=exact["elbo"],
+        **{f"exact_{k}": exact[k] for k in ("kl", "half_s2", "r_squared", "elbo")},
         q_mass_on_grid=exact["mass"],
-        kl=float(res.kl),
-        kl_stderr=float(res.kl_stderr),
-        half_s2=half_s2,
-        log_evidence_stderr=float(res.log_evidence_stderr),
-        khat=float(res.khat),
-        r_squared=float(res.r_squared),
-        elbo=float(res.elbo),
-        elbo_stderr=float(res.elbo_stderr),
-        log_evidence=float(res.log_evidence),
-        log_evidence_error=float(res.log_evidence) - log_z,
-        eq17_error=float(res.elbo) + half_s2 - log_z,
-        elbo_error=float(res.elbo) - log_z,
-        fixed_point_shift=float(res.fixed_point_shift),
+        **own,
+        log_evidence_error=own["log_evidence"] - log_z,
+        eq17_error=own["elbo"] + own["half_s2"] - log_z,
+        elbo_error=own["elbo"] - log_z,
         weights=weights.tolist(),
         means=np.asarray(res.q.means).tolist(),
         covs=np.asarray(res.q.covs).tolist(),

@@ -19,12 +19,12 @@ error or a section that runs long is recorded, and the others still run):
 
 Writes ``gpu.json``: one record per device (``runs[device kind]``, merged into an
 existing file), each naming the device, with its sections. The CPU record (``--cpu``) is
-this script on a 2-core machine with the sizes it affords, for contrast.
+this script on a small CPU with the sizes it affords, for contrast.
 
 Usage::
 
     python benchmarks/gpu.py                  # the accelerator's sizes
-    python benchmarks/gpu.py --cpu            # the sizes a 2-core CPU affords
+    python benchmarks/gpu.py --cpu            # the sizes a small CPU affords
     python benchmarks/gpu.py --quick          # smoke test (tiny sizes), temp output
     python benchmarks/gpu.py --budget 400     # seconds for all sections together
 """
@@ -202,14 +202,14 @@ def dimension_section(spec: dict, deadline: float) -> None:
         common.emit(row)
 
 
-def simulate_sv(key, num_series: int, T: int, phi=0.95, s2=0.05, beta=0.65):
-    """``num_series`` SV series of length ``T`` at once (as the model's simulator)."""
-    k1, k2, k3 = jax.random.split(key, 3)
-    xi = jax.random.normal(k1, (T, num_series)) * math.sqrt(s2)
-    v1 = jax.random.normal(k2, (num_series,)) * math.sqrt(s2 / (1 - phi**2))
-    _, rest = jax.lax.scan(lambda v, e: (phi * v + e, phi * v + e), v1, xi[1:])
-    v = jnp.concatenate([v1[None], rest]).T
-    return jax.random.normal(k3, (num_series, T)) * beta * jnp.exp(v / 2)
+def simulate_sv(key, num_series: int, T: int):
+    """``num_series`` series of length ``T`` from the SV model (``sv.simulate``)."""
+    from stochastic_volatility import SIMULATION
+
+    from jaxvb.models import stochastic_volatility as sv
+
+    keys = jax.random.split(key, num_series)
+    return jnp.asarray(np.stack([sv.simulate(k, T, **SIMULATION) for k in keys]))
 
 
 def sv_section(spec: dict, deadline: float) -> None:
@@ -222,9 +222,9 @@ def sv_section(spec: dict, deadline: float) -> None:
     for T in spec["single_T"]:
         row = dict(kind="single", T=T, num_series=1, tridiagonal=tridiagonal(), **options)
         if done:
-            # The compile as before, the run extrapolated in log-log from the last two
-            # lengths (a slope of at least 0.5: the near-flat times of the prefix
-            # compositions at small T would promise too much).
+            # The compile as long as the last length's, the run extrapolated in log-log
+            # from the last two lengths (a slope of at least 0.5: the near-flat times
+            # of the prefix compositions at small T would promise too much).
             t1, first1, run1 = done[-1]
             slope = 1.0
             if len(done) > 1:
@@ -319,7 +319,7 @@ def row_line(name: str, row: dict) -> str:
 def main(argv=None):
     parser = common.parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny sizes")
-    parser.add_argument("--cpu", action="store_true", help="sizes for a 2-core CPU")
+    parser.add_argument("--cpu", action="store_true", help="sizes for a small CPU")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds, all sections")
     parser.add_argument("--sections", default=",".join(SECTIONS), help="which to run")
     parser.add_argument("--commit", default=None, help="the commit (no git on the device)")

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 import os
 import sys
 import time
@@ -130,13 +129,7 @@ def fit_program(y, key, *, num_eval_draws, num_steps=NUM_STEPS, indirect_effects
 
 
 def status_record(res) -> dict:
-    """``res.status`` with its flag names and, when not 0, ``jaxvb.explain``'s text."""
-    res = getattr(res, "result", res)
-    status = jaxvb.Status(int(res.status))
-    out = dict(status=int(status), flags=status.name if status else "OK")
-    if status:
-        out["explanation"] = jaxvb.explain(res)[:400]
-    return out
+    return common.status_record(getattr(res, "result", res), 400)
 
 
 # --- the NUTS reference ----------------------------------------------------------------------
@@ -147,25 +140,7 @@ def reference_record(draws, wall_s: float, settings: dict, commit: str | None) -
     s2, beta`` of shape ``(chains, samples)``, ``v`` of shape ``(chains, samples, T)``."""
     from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
 
-    def rounded(a, digits):
-        return [round(float(d), digits) for d in a]
-
-    params = {}
-    for k in PARAMS:
-        x = np.asarray(draws[k], np.float64)
-        flat = x.reshape(-1)
-        ess = float(effective_sample_size(x))
-        sd = float(np.std(flat))
-        step = max(1, flat.size // THINNED_DRAWS)
-        params[k] = dict(
-            mean=float(np.mean(flat)),
-            sd=sd,
-            quantiles={str(q): float(np.quantile(flat, q)) for q in QUANTILES},
-            ess=ess,
-            r_hat=float(split_gelman_rubin(x)),
-            mean_mc_error=sd / math.sqrt(ess),
-            draws_thinned=rounded(flat[::step][:THINNED_DRAWS], 7),
-        )
+    params = {k: common.draws_summary(draws[k], QUANTILES, THINNED_DRAWS) for k in PARAMS}
     v = np.asarray(draws["v"], np.float64)
     flat_v = v.reshape(-1, v.shape[-1])
     return dict(
@@ -180,10 +155,10 @@ def reference_record(draws, wall_s: float, settings: dict, commit: str | None) -
         commit=commit,
         params=params,
         v=dict(
-            mean=rounded(flat_v.mean(0), 6),
-            sd=rounded(flat_v.std(0), 6),
-            q05=rounded(np.quantile(flat_v, 0.05, axis=0), 6),
-            q95=rounded(np.quantile(flat_v, 0.95, axis=0), 6),
+            mean=common.rounded(flat_v.mean(0), 6),
+            sd=common.rounded(flat_v.std(0), 6),
+            q05=common.rounded(np.quantile(flat_v, 0.05, axis=0), 6),
+            q95=common.rounded(np.quantile(flat_v, 0.95, axis=0), 6),
             ess_min=float(np.min(effective_sample_size(v))),
             r_hat_max=float(np.max(split_gelman_rubin(v))),
         ),
@@ -481,16 +456,12 @@ def run_scaling(settings: dict, timeout_s: float) -> dict:
 # --- figures -------------------------------------------------------------------------------
 
 
-def _rounded(a, digits: int = 6) -> list:
-    return [float(f"{x:.{digits}g}") for x in np.asarray(a, np.float64).ravel()]
-
-
 def _bands(x) -> dict:
     """Mean and 5%/95% quantiles over the draws (axis 0), rounded."""
     return dict(
-        mean=_rounded(x.mean(0)),
-        q05=_rounded(np.quantile(x, 0.05, axis=0)),
-        q95=_rounded(np.quantile(x, 0.95, axis=0)),
+        mean=common.rounded(x.mean(0), 6),
+        q05=common.rounded(np.quantile(x, 0.05, axis=0), 6),
+        q95=common.rounded(np.quantile(x, 0.95, axis=0), 6),
     )
 
 
@@ -498,17 +469,14 @@ def figure_record(ref: dict, draws: dict, v, settings: dict) -> dict:
     """What the figures show of the draws of ``q``: density estimates of each equation's
     first accuracy fit on a grid over the NUTS draws, and the bands of ``v`` and of the
     volatility ``beta exp(v / 2)`` (joint draws) under eq. svapprox's."""
-    from scipy.stats import gaussian_kde
-
     posteriors = {}
     for k in ("beta", "phi", "s2"):
-        nuts = np.asarray(ref["params"][k]["draws_thinned"])
-        lo, hi = np.quantile(nuts, [0.0005, 0.9995])
-        grid = np.linspace(lo - 0.15 * (hi - lo), hi + 0.15 * (hi - lo), 400)
-        posteriors[k] = dict(
-            grid=_rounded(grid),
-            density={name: _rounded(gaussian_kde(d[k])(grid)) for name, d in draws.items()},
-        )
+        nuts = ref["params"][k]["draws_thinned"]
+        kdes = {
+            name: common.kde_on_grid(nuts, d[k], 400, 0.15) for name, d in draws.items()
+        }
+        grid = next(iter(kdes.values()))[0]
+        posteriors[k] = dict(grid=grid, density={n: kde[1] for n, kde in kdes.items()})
     beta = draws["svapprox"]["beta"][: v.shape[0], None]
     return dict(
         description=(

@@ -22,6 +22,38 @@ def load(name):
     return module
 
 
+def test_harness(tmp_path):
+    """``_common``: first call and calls after compile, the JSON round trip of numpy
+    values, and a worker process's payloads (also those before a time limit)."""
+    common = load("_common")
+    calls = []
+
+    def call(i):
+        calls.append(i)
+        return jnp.ones(3) * i
+
+    out, timing = common.first_and_after(call, 3)
+    assert calls == [0, 1, 2, 3] and float(out[0]) == 0.0
+    assert timing["first_call_s"] > 0 and timing["run"]["repeats"] == 3
+    assert timing["run"]["min_s"] <= timing["run"]["median_s"]
+    report = dict(a=np.float64(1.5), b=np.arange(3), c=jnp.ones(2))
+    common.write_json(tmp_path, "x", report)
+    assert common.read_result("x", tmp_path) == dict(a=1.5, b=[0, 1, 2], c=[1.0, 1.0])
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import json, sys, time\n"
+        f"sys.path.insert(0, {str(BENCHMARKS)!r})\n"
+        "import _common\n"
+        "spec = json.loads(sys.argv[2])\n"
+        "_common.emit(dict(spec, seen=True))\n"
+        "time.sleep(spec['sleep'])\n"
+    )
+    payloads, error = common.run_worker(script, dict(sleep=0), 60)
+    assert payloads == [dict(sleep=0, seen=True)] and error is None
+    payloads, error = common.run_worker(script, dict(sleep=300), 30)
+    assert payloads == [dict(sleep=300, seen=True)] and error.startswith("stopped")
+
+
 def test_exponential_toy_quick(tmp_path):
     pytest.importorskip("matplotlib")
     load("exponential_toy").main(["--quick", "--out", str(tmp_path)])
