@@ -104,7 +104,7 @@ def mixture(
     component of weight ``w_i`` sees about ``w_i`` of the draws but its statistics
     still move by the step ``w`` of ``fit``, so relative to its own statistics the
     step is ``w / w_i``: small components are updated from a draw or two and, on a
-    posterior that is not log-concave, can be thrown far off (measured on the
+    posterior that is not log-concave, can be thrown far off (as on the
     beta-binomial example, ``benchmarks/beta_binomial.py``). Stratified sampling gives
     every component a draw at every step, the same relative step for all, at ``K``
     evaluations of the Hessian per step instead of one. Since the fit settles slowly
@@ -154,105 +154,25 @@ def mixture(
         raise ValueError(f"min_weight must lie in [0, 1), got {min_weight}")
 
     def init_fn(key, q0, log_joint):
-        if not isinstance(q0, GaussianMixture):
-            raise TypeError(
-                f"the mixture method needs a jaxvb.GaussianMixture q0, got "
-                f"{type(q0).__name__}; for a Gaussian use method='hessian'."
-            )
-        w = q0.weights
-        x = q0.sample(key, (num_init_draws,))
-        offset = jax.vmap(log_joint)(x) - jax.vmap(q0.log_prob)(x)
-        ok = jnp.isfinite(offset)
-        level = jnp.sum(jnp.where(ok, offset, 0.0)) / jnp.maximum(jnp.sum(ok), 1)
-        alive = w > 0
-        eta = jnp.where(alive, jnp.log(jnp.where(alive, w, 1.0)) + level, 0.0)
-        return MixtureStats(
-            C=w,
-            g=w * eta,
-            a=jnp.zeros_like(q0.means),
-            P=w[:, None, None] * q0.precisions,
-            z=w[:, None] * q0.means,
-        )
-
-    def draw_stats(x, q, log_joint):
-        """The statistics of one point ``x``, Rao-Blackwellised over the label."""
-        if grad_and_hessian is None:
-            log_p, grad, hess = value_grad_hessian(log_joint)(x)
-        else:
-            grad, hess = grad_and_hessian(x)
-            log_p = log_joint(x)
-        grad = grad.astype(q.dtype)
-        hess = (0.5 * (hess + hess.T)).astype(q.dtype)
-
-        precisions = q.precisions  # (K, d, d); not batched over draws under vmap
-        joint = q.joint_log_probs(x)
-        log_q = jax.nn.logsumexp(joint)
-        r = jnp.exp(joint - log_q)
-        g = -jnp.einsum("kij,kj->ki", precisions, x - q.means)  # grad log q_j(x)
-        dg = g - r @ g  # grad log r_i
-        # hess log q = sum_j r_j (-S_j^{-1}) + sum_j r_j dg_j dg_j'
-        hess_log_q = jnp.einsum("k,kij->ij", r, -precisions) + jnp.einsum(
-            "k,ki,kj->ij", r, dg, dg
-        )
-        # -hess(log p + log r_i); the bracket is exactly zero for K = 1.
-        neg_hess = (precisions + hess_log_q[None]) - hess[None]
-
-        # A zero weight has log w = -inf and r = 0: its row is zero, not NaN.
-        alive = r > 0
-        level = log_p - log_q + jnp.where(q.weights > 0, q.log_weights, 0.0)
-        stats = MixtureStats(
-            C=r,
-            g=jnp.where(alive, r * level, 0.0),
-            a=r[:, None] * (grad + dg),
-            P=r[:, None, None] * neg_hess,
-            z=r[:, None] * x,
-        )
-        # A non-finite log density makes the draw's statistics non-finite, so that fit
-        # leaves the draw out and flags it.
-        bad = ~jnp.isfinite(log_p)
-        return stats._replace(a=jnp.where(bad, jnp.nan, stats.a)), log_p
+        return _init(key, q0, log_joint, num_init_draws)
 
     def noise_fn(key, q):
         if sampling == "marginal":
             return q.noise(key)
         return q.component_noise(key)
 
+    def draw_stats(x, q, log_joint):
+        return _draw_stats(x, q, log_joint, grad_and_hessian)
+
     def estimate_fn(noise, q, log_joint):
         if sampling == "marginal":
             x = q.from_noise(noise)
             stats, log_p = draw_stats(x, q, log_joint)
             return stats, x, log_p
-        xs = q.component_draws(noise)
-        per_draw, log_ps = jax.vmap(draw_stats, (0, None, None))(xs, q, log_joint)
-        # E_q[f] = sum_j w_j E_{q_j}[f]. A component whose weight is below the rounding
-        # of the sum is not drawn at all (as with marginal sampling): a dead component
-        # that has drifted to where log p overflows must not poison every step.
-        w = q.weights
-        drawn = w > jnp.finfo(w.dtype).eps
-
-        def combine(v):
-            mask = drawn.reshape((-1,) + (1,) * (v.ndim - 1))
-            return jnp.tensordot(w, jnp.where(mask, v, 0.0), 1)
-
-        stats = jax.tree_util.tree_map(combine, per_draw)
-        u = q.component_label(noise)  # the draw reported back, distributed as q
-        return stats, xs[u], log_ps[u]
+        return _stratified_estimate(draw_stats, noise, q, log_joint)
 
     def solve_fn(stats, q, log_joint=None):
-        dead = _dead(stats.C)
-        c = jnp.where(dead, 1.0, stats.C)
-        per_component = HessianStats(
-            a=stats.a / c[:, None], P=stats.P / c[:, None, None], z=stats.z / c[:, None]
-        )
-        gaussians = jax.vmap(lambda s: hessian().solve(s, None, log_joint))(per_component)
-        improper = ~jax.vmap(lambda g: g.is_proper)(gaussians)
-        small = ~(stats.C > min_weight * jnp.sum(stats.C))
-        dropped = dead | (improper & small)
-        means = jnp.where(dropped[:, None], q.means, gaussians.mean)
-        covs = jnp.where(dropped[:, None, None], q.covs, gaussians.cov)
-        eta = jnp.where(dropped, -jnp.inf, stats.g / c)
-        weights = jax.nn.softmax(eta)
-        return build(GaussianMixture, weights=weights, means=means, covs=covs)
+        return _solve(stats, q, log_joint, min_weight)
 
     return Method(
         name=f"mixture({sampling})",
@@ -262,6 +182,109 @@ def mixture(
         solve=solve_fn,
         min_draws=lambda q: 1 if sampling == "stratified" else q.num_components,
     )
+
+
+def _init(key, q0, log_joint, num_init_draws: int) -> MixtureStats:
+    """The statistics of ``q0``, with the weights' intercept estimated from
+    ``num_init_draws`` draws (:func:`mixture`'s ``num_init_draws``)."""
+    if not isinstance(q0, GaussianMixture):
+        raise TypeError(
+            f"the mixture method needs a jaxvb.GaussianMixture q0, got "
+            f"{type(q0).__name__}; for a Gaussian use method='hessian'."
+        )
+    w = q0.weights
+    x = q0.sample(key, (num_init_draws,))
+    offset = jax.vmap(log_joint)(x) - jax.vmap(q0.log_prob)(x)
+    ok = jnp.isfinite(offset)
+    level = jnp.sum(jnp.where(ok, offset, 0.0)) / jnp.maximum(jnp.sum(ok), 1)
+    alive = w > 0
+    eta = jnp.where(alive, jnp.log(jnp.where(alive, w, 1.0)) + level, 0.0)
+    return MixtureStats(
+        C=w,
+        g=w * eta,
+        a=jnp.zeros_like(q0.means),
+        P=w[:, None, None] * q0.precisions,
+        z=w[:, None] * q0.means,
+    )
+
+
+def _draw_stats(x, q, log_joint, grad_and_hessian):
+    """The statistics of one point ``x``, Rao-Blackwellised over the label, and
+    ``log_joint(x)``."""
+    if grad_and_hessian is None:
+        log_p, grad, hess = value_grad_hessian(log_joint)(x)
+    else:
+        grad, hess = grad_and_hessian(x)
+        log_p = log_joint(x)
+    grad = grad.astype(q.dtype)
+    hess = (0.5 * (hess + hess.T)).astype(q.dtype)
+
+    precisions = q.precisions  # (K, d, d); not batched over draws under vmap
+    joint = q.joint_log_probs(x)
+    log_q = jax.nn.logsumexp(joint)
+    r = jnp.exp(joint - log_q)
+    g = -jnp.einsum("kij,kj->ki", precisions, x - q.means)  # grad log q_j(x)
+    dg = g - r @ g  # grad log r_i
+    # hess log q = sum_j r_j (-S_j^{-1}) + sum_j r_j dg_j dg_j'
+    hess_log_q = jnp.einsum("k,kij->ij", r, -precisions) + jnp.einsum(
+        "k,ki,kj->ij", r, dg, dg
+    )
+    # -hess(log p + log r_i); the bracket is exactly zero for K = 1.
+    neg_hess = (precisions + hess_log_q[None]) - hess[None]
+
+    # A zero weight has log w = -inf and r = 0: its row is zero, not NaN.
+    alive = r > 0
+    level = log_p - log_q + jnp.where(q.weights > 0, q.log_weights, 0.0)
+    stats = MixtureStats(
+        C=r,
+        g=jnp.where(alive, r * level, 0.0),
+        a=r[:, None] * (grad + dg),
+        P=r[:, None, None] * neg_hess,
+        z=r[:, None] * x,
+    )
+    # A non-finite log density makes the draw's statistics non-finite, so that fit
+    # leaves the draw out and flags it.
+    bad = ~jnp.isfinite(log_p)
+    return stats._replace(a=jnp.where(bad, jnp.nan, stats.a)), log_p
+
+
+def _stratified_estimate(draw_stats, noise, q, log_joint):
+    """``(stats, x, log_p)`` from one draw of every component, each counted with its
+    weight; ``x`` is the draw of the component ``noise`` labels (distributed as ``q``)."""
+    xs = q.component_draws(noise)
+    per_draw, log_ps = jax.vmap(draw_stats, (0, None, None))(xs, q, log_joint)
+    # E_q[f] = sum_j w_j E_{q_j}[f]. A component whose weight is below the rounding
+    # of the sum is not drawn at all (as with marginal sampling): a dead component
+    # that has drifted to where log p overflows must not poison every step.
+    w = q.weights
+    drawn = w > jnp.finfo(w.dtype).eps
+
+    def combine(v):
+        mask = drawn.reshape((-1,) + (1,) * (v.ndim - 1))
+        return jnp.tensordot(w, jnp.where(mask, v, 0.0), 1)
+
+    stats = jax.tree_util.tree_map(combine, per_draw)
+    u = q.component_label(noise)  # the draw reported back, distributed as q
+    return stats, xs[u], log_ps[u]
+
+
+def _solve(stats, q, log_joint, min_weight: float) -> GaussianMixture:
+    """The mixture the statistics define; components that vanish are dropped (see
+    :func:`mixture`)."""
+    dead = _dead(stats.C)
+    c = jnp.where(dead, 1.0, stats.C)
+    per_component = HessianStats(
+        a=stats.a / c[:, None], P=stats.P / c[:, None, None], z=stats.z / c[:, None]
+    )
+    gaussians = jax.vmap(lambda s: hessian().solve(s, None, log_joint))(per_component)
+    improper = ~jax.vmap(lambda g: g.is_proper)(gaussians)
+    small = ~(stats.C > min_weight * jnp.sum(stats.C))
+    dropped = dead | (improper & small)
+    means = jnp.where(dropped[:, None], q.means, gaussians.mean)
+    covs = jnp.where(dropped[:, None, None], q.covs, gaussians.cov)
+    eta = jnp.where(dropped, -jnp.inf, stats.g / c)
+    weights = jax.nn.softmax(eta)
+    return build(GaussianMixture, weights=weights, means=means, covs=covs)
 
 
 register("mixture", mixture, default_for=(GaussianMixture,))

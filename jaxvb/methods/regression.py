@@ -14,9 +14,9 @@ with ``c = E_q[T]`` and ``L L' = Cov_q[T]`` (centred and whitened), and moved wi
 by :func:`reframe` (``Method.reframe``; the map is linear, and ``eta`` follows from the
 solution by ``L^{-T}``). In exact arithmetic this is the paper's algorithm, step for
 step; in float32 it is what keeps a concentrated ``q``: for a ``Gamma(219, 50.5)`` the
-raw ``E[T~' T~]`` holds the concentration in its sixth digit (condition 1e6, and ~1e3
-centred), and the sums over the averaged steps lost it to rounding (7% off, status 0;
-0.15% centred only; whitened, ``C`` stays near the identity).
+raw ``E[T~' T~]`` holds the concentration in its sixth digit (condition about 1e6, about
+1e3 centred), which the sums over the averaged steps lose to rounding; whitened, ``C``
+stays near the identity.
 """
 
 from __future__ import annotations
@@ -91,9 +91,8 @@ def _frame(q) -> tuple[jax.Array, jax.Array]:
     covariance can be ill-conditioned by scale alone (a Gaussian 3 sd from the origin
     in 8-D: condition 1.6e5), and every step computes the frame of the same ``q`` more
     than once (its draws, the move to the next ``q``, the solve), so in float32 the
-    copies must agree to ``eps * condition``: with the scaling first they did (three
-    of four keys had diverged or stopped 1.4e-2 off before). Where rounding leaves no
-    Cholesky factor, ``D`` alone (centred and scaled, not whitened).
+    copies must agree to ``eps * condition``, which scaling first makes them do. Where
+    rounding leaves no Cholesky factor, ``D`` alone (centred and scaled, not whitened).
     """
     fisher = q.fisher_information
     sd = jnp.sqrt(jnp.diagonal(fisher))
@@ -138,6 +137,34 @@ def reframe(stats: RegressionStats, q, q_new) -> RegressionStats:
     (c, chol), (c_new, chol_new) = _frame(q), _frame(q_new)
     shift = solve_triangular(chol_new, c - c_new, lower=True)
     return _transform(stats, shift, solve_triangular(chol_new, chol, lower=True))
+
+
+def _init(key, q0, log_joint, init: str, intercept: str, num_init_draws: int):
+    """Algorithm 1's ``C_1`` and ``g_1 = C_1 eta~_1`` at ``q0``, in ``q0``'s frame
+    (:func:`regression`'s ``init``, ``intercept`` and ``num_init_draws``)."""
+    require_exponential_family(q0, "regression")
+    eta_0 = -q0.log_normalizer
+    if intercept == "estimate":
+        x = q0.sample(key, (num_init_draws,))
+        offset = jax.vmap(log_joint)(x) - jax.vmap(q0.log_prob)(x)
+        # A draw where log p is not finite says nothing about the offset.
+        ok = jnp.isfinite(offset)
+        mean = jnp.sum(jnp.where(ok, offset, 0.0)) / jnp.maximum(jnp.sum(ok), 1)
+        eta_0 = eta_0 + mean
+    # C_1 as the paper states it (of the raw statistics, centred at 0), in q0's
+    # frame; g_1 = C_1 eta~_1 there, with eta~_1 = (eta_0 + c' eta, L' eta).
+    c0, chol = _frame(q0)
+    eta = q0.natural_params
+    eta = jnp.concatenate([(eta_0 + c0 @ eta)[None], chol.T @ eta])
+    if init == "analytic":  # E_q0[T~' T~] in q0's frame
+        c = jnp.eye(len(eta), dtype=eta.dtype)
+    else:
+        full = expected_outer_stats(q0)
+        c = jnp.diag(jnp.diagonal(full)) if init == "diagonal" else jnp.eye(len(full))
+        to = RegressionStats(C=c.astype(full.dtype), g=jnp.zeros_like(eta))
+        shift = -solve_triangular(chol, c0, lower=True)
+        c = _transform(to, shift, solve_triangular(chol, jnp.eye(len(c0)), lower=True)).C
+    return RegressionStats(C=c, g=c @ eta)
 
 
 @functools.cache
@@ -185,31 +212,7 @@ def regression(
         raise ValueError(f"intercept must be one of {INTERCEPTS}, got {intercept!r}")
 
     def init_fn(key, q0, log_joint):
-        require_exponential_family(q0, "regression")
-        eta_0 = -q0.log_normalizer
-        if intercept == "estimate":
-            x = q0.sample(key, (num_init_draws,))
-            offset = jax.vmap(log_joint)(x) - jax.vmap(q0.log_prob)(x)
-            # A draw where log p is not finite says nothing about the offset.
-            ok = jnp.isfinite(offset)
-            mean = jnp.sum(jnp.where(ok, offset, 0.0)) / jnp.maximum(jnp.sum(ok), 1)
-            eta_0 = eta_0 + mean
-        # C_1 as the paper states it (of the raw statistics, centred at 0), in q0's
-        # frame; g_1 = C_1 eta~_1 there, with eta~_1 = (eta_0 + c' eta, L' eta).
-        c0, chol = _frame(q0)
-        eta = q0.natural_params
-        eta = jnp.concatenate([(eta_0 + c0 @ eta)[None], chol.T @ eta])
-        if init == "analytic":  # E_q0[T~' T~] in q0's frame
-            c = jnp.eye(len(eta), dtype=eta.dtype)
-        else:
-            full = expected_outer_stats(q0)
-            c = jnp.diag(jnp.diagonal(full)) if init == "diagonal" else jnp.eye(len(full))
-            to = RegressionStats(C=c.astype(full.dtype), g=jnp.zeros_like(eta))
-            shift = -solve_triangular(chol, c0, lower=True)
-            c = _transform(
-                to, shift, solve_triangular(chol, jnp.eye(len(c0)), lower=True)
-            ).C
-        return RegressionStats(C=c, g=c @ eta)
+        return _init(key, q0, log_joint, init, intercept, num_init_draws)
 
     def noise_fn(key, q):
         if estimator == "independent":

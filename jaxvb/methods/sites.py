@@ -109,6 +109,71 @@ def _site_derivatives(model: Factors, f: jax.Array) -> tuple[jax.Array, jax.Arra
     return d1, d2
 
 
+def _init(key, q0, log_joint, estimator: str) -> SiteStats:
+    """The sites' statistics at ``q0``, the sites flat (``h = p = 0``)."""
+    model = _factors(log_joint)
+    if not isinstance(q0, Gaussian) or q0.dim != model.prior.dim:
+        raise TypeError(
+            f"method='sites' fits a jaxvb.Gaussian of the prior's dimension "
+            f"{model.prior.dim}, got q0 = {type(q0).__name__}"
+        )
+    mu, s2 = _marginals(model, q0)
+    if estimator == "regression":
+        # E_q0[t t'] for t = (1, f, -f^2/2), from the Gaussian moments of f.
+        e2 = mu**2 + s2
+        e3 = mu**3 + 3 * mu * s2
+        e4 = mu**4 + 6 * mu**2 * s2 + 3 * s2**2
+        one = jnp.ones_like(mu)
+        c = jnp.stack(
+            [
+                jnp.stack([one, mu, -e2 / 2], -1),
+                jnp.stack([mu, e2, -e3 / 2], -1),
+                jnp.stack([-e2 / 2, -e3 / 2, e4 / 4], -1),
+            ],
+            -2,
+        )
+        # Flat sites (h = p = 0) with the intercept estimated as E_q0[log phi_i], so
+        # that the first regressions are not spent absorbing it (cf. Algorithm 1).
+        x = q0.sample(key, (8,))
+        vals = jax.vmap(lambda xi: model.site_values(model.design @ xi))(x)
+        ok = jnp.isfinite(vals)
+        eta0 = jnp.sum(jnp.where(ok, vals, 0.0), 0) / jnp.maximum(jnp.sum(ok, 0), 1)
+        return SiteStats(C=c, g=c[:, :, 0] * eta0[:, None])
+    if estimator == "gradient":
+        # Cov_q0[T, T] for T = (f, -f^2/2), and g = C eta with flat sites (eta = 0).
+        c = jnp.stack(
+            [
+                jnp.stack([s2, -mu * s2], -1),
+                jnp.stack([-mu * s2, mu**2 * s2 + s2**2 / 2], -1),
+            ],
+            -2,
+        )
+        return SiteStats(C=c, g=jnp.zeros_like(c[..., 0]))
+    return SiteStats(C=jnp.zeros_like(mu), g=jnp.stack([jnp.zeros_like(mu), mu], -1))
+
+
+def _site_stats(model: Factors, q: Gaussian, f, vals, bad, estimator: str) -> SiteStats:
+    """One draw's statistics of every site, from ``f = V x``, the sites' log
+    likelihoods ``vals`` there and ``bad`` (NaN where ``vals`` is not finite, else 0)."""
+    if estimator == "regression":
+        t = jnp.stack([jnp.ones_like(f), f, -0.5 * f**2], -1)
+        return SiteStats(C=t[:, :, None] * t[:, None, :], g=t * (vals + bad)[:, None])
+    if estimator == "gradient":
+        mu, s2 = _marginals(model, q)
+        s = jnp.sqrt(s2)
+        z = (f - mu) / s
+        ds = jnp.stack([s2, -s2 * (mu + 0.5 * s * z)], -1)  # ds / d(eta1, eta2)
+        dt = jnp.stack([jnp.ones_like(f), -f], -1)  # dT / df for T = (f, -f^2/2)
+        return SiteStats(
+            C=ds[:, :, None] * dt[:, None, :],
+            g=ds * (_site_derivatives(model, f)[0] + bad)[:, None],
+        )
+    d1, d2 = _site_derivatives(model, f)
+    a = d1 + bad
+    p = -d2
+    return SiteStats(C=p, g=jnp.stack([a, f], -1))
+
+
 @functools.cache
 def sites(estimator: str = "regression") -> Method:
     """Factor structure (section 5.1) for a :class:`jaxvb.Factors` log joint.
@@ -139,45 +204,7 @@ def sites(estimator: str = "regression") -> Method:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
 
     def init_fn(key, q0, log_joint):
-        model = _factors(log_joint)
-        if not isinstance(q0, Gaussian) or q0.dim != model.prior.dim:
-            raise TypeError(
-                f"method='sites' fits a jaxvb.Gaussian of the prior's dimension "
-                f"{model.prior.dim}, got q0 = {type(q0).__name__}"
-            )
-        mu, s2 = _marginals(model, q0)
-        if estimator == "regression":
-            # E_q0[t t'] for t = (1, f, -f^2/2), from the Gaussian moments of f.
-            e2 = mu**2 + s2
-            e3 = mu**3 + 3 * mu * s2
-            e4 = mu**4 + 6 * mu**2 * s2 + 3 * s2**2
-            one = jnp.ones_like(mu)
-            c = jnp.stack(
-                [
-                    jnp.stack([one, mu, -e2 / 2], -1),
-                    jnp.stack([mu, e2, -e3 / 2], -1),
-                    jnp.stack([-e2 / 2, -e3 / 2, e4 / 4], -1),
-                ],
-                -2,
-            )
-            # Flat sites (h = p = 0) with the intercept estimated as E_q0[log phi_i], so
-            # that the first regressions are not spent absorbing it (cf. Algorithm 1).
-            x = q0.sample(key, (8,))
-            vals = jax.vmap(lambda xi: model.site_values(model.design @ xi))(x)
-            ok = jnp.isfinite(vals)
-            eta0 = jnp.sum(jnp.where(ok, vals, 0.0), 0) / jnp.maximum(jnp.sum(ok, 0), 1)
-            return SiteStats(C=c, g=c[:, :, 0] * eta0[:, None])
-        if estimator == "gradient":
-            # Cov_q0[T, T] for T = (f, -f^2/2), and g = C eta with flat sites (eta = 0).
-            c = jnp.stack(
-                [
-                    jnp.stack([s2, -mu * s2], -1),
-                    jnp.stack([-mu * s2, mu**2 * s2 + s2**2 / 2], -1),
-                ],
-                -2,
-            )
-            return SiteStats(C=c, g=jnp.zeros_like(c[..., 0]))
-        return SiteStats(C=jnp.zeros_like(mu), g=jnp.stack([jnp.zeros_like(mu), mu], -1))
+        return _init(key, q0, log_joint, estimator)
 
     def noise_fn(key, q):
         return q.noise(key)
@@ -191,24 +218,7 @@ def sites(estimator: str = "regression") -> Method:
         # A site whose log likelihood is not finite makes the draw's statistics
         # non-finite, so that fit leaves the draw out and flags it.
         bad = jnp.where(jnp.isfinite(vals), 0.0, jnp.nan)
-        if estimator == "regression":
-            t = jnp.stack([jnp.ones_like(f), f, -0.5 * f**2], -1)
-            stats = SiteStats(C=t[:, :, None] * t[:, None, :], g=t * (vals + bad)[:, None])
-        elif estimator == "gradient":
-            mu, s2 = _marginals(model, q)
-            s = jnp.sqrt(s2)
-            z = (f - mu) / s
-            ds = jnp.stack([s2, -s2 * (mu + 0.5 * s * z)], -1)  # ds / d(eta1, eta2)
-            dt = jnp.stack([jnp.ones_like(f), -f], -1)  # dT / df for T = (f, -f^2/2)
-            stats = SiteStats(
-                C=ds[:, :, None] * dt[:, None, :],
-                g=ds * (_site_derivatives(model, f)[0] + bad)[:, None],
-            )
-        else:
-            d1, d2 = _site_derivatives(model, f)
-            a = d1 + bad
-            p = -d2
-            stats = SiteStats(C=p, g=jnp.stack([a, f], -1))
+        stats = _site_stats(model, q, f, vals, bad, estimator)
         return stats, x, log_p
 
     def solve_fn(stats, q, log_joint):
