@@ -5,7 +5,7 @@ Every script in ``benchmarks/`` is one experiment; what they share is here:
 * **Timing.** :func:`timed` (one call, ending in ``jax.block_until_ready``),
   :func:`time_calls` (repeated calls after compile: median and spread),
   :func:`first_and_after` (the first call, compile included, then calls after compile),
-  :func:`compile` (``jit(fn).lower(...).compile()``, its seconds apart) and
+  :func:`lower_and_compile` (``jit(fn).lower(...).compile()``, its seconds apart),
   :func:`compile_log` (JAX's compile events by program).
 * **The model's own cost.** :func:`hessian_scan`.
 * **Results and draws.** :func:`status_record`, :func:`draws_summary` (a reference's
@@ -88,7 +88,7 @@ def first_and_after(call: Callable, repeats: int):
     return out, dict(first_call_s=first, run=run)
 
 
-def compile(fn: Callable, *args, options: dict | None = None):
+def lower_and_compile(fn: Callable, *args, options: dict | None = None):
     """``jax.jit(fn)`` lowered and compiled for ``args`` (XLA ``options`` if given):
     the compiled function and the seconds its compilation took."""
     t0 = time.perf_counter()
@@ -293,29 +293,29 @@ def run_worker(script, spec: dict, timeout_s: float, env: dict | None = None):
     return payloads, error
 
 
+def _proc_kb(path: str, field: str) -> int | None:
+    """A ``field: <n> kB`` line of a ``/proc`` file, or ``None`` (not Linux)."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident memory (``VmHWM``: Linux's ``ru_maxrss`` would carry
     a parent's peak over ``fork`` and ``exec``; it is the fallback elsewhere)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    kb = _proc_kb("/proc/self/status", "VmHWM")
+    return (kb or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
 
 
 def memory_available_mb() -> float | None:
     """The memory the kernel says is available (``MemAvailable``), or ``None``."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
+    kb = _proc_kb("/proc/meminfo", "MemAvailable")
+    return None if kb is None else kb / 1024
 
 
 def load_average() -> float | None:

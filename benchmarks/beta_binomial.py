@@ -220,7 +220,7 @@ def run(settings, seed) -> dict:
         keys = jax.random.split(
             jax.random.fold_in(jax.random.key(seed), k), settings["repeats"]
         )
-        compiled, compile_s = common.compile(
+        compiled, compile_s = common.lower_and_compile(
             fit, keys[0], options=settings["compiler_options"]
         )
         jax.block_until_ready(compiled(keys[0]))  # the first call may allocate

@@ -138,7 +138,7 @@ def run_iterations(num_steps, repeats, seed, intercept=INTERCEPT):
                 jax.random.fold_in(jax.random.fold_in(base, i), n), repeats
             )
             t0 = time.perf_counter()
-            fit_many, _ = common.compile(fit_many, keys, options=COMPILER_OPTIONS)
+            fit_many, _ = common.lower_and_compile(fit_many, keys, options=COMPILER_OPTIONS)
             res = fit_many(keys)
             eta, status = np.asarray(res.q.rate), np.asarray(res.status)
             ok = status == 0
@@ -197,7 +197,9 @@ def one_shot_estimates(num_samples, repeats, seed):
             jax.random.fold_in(jax.random.key(seed), 100 + i), len(s_grid) * repeats
         )
         s_flat = jnp.repeat(jnp.asarray(s_grid), repeats)
-        run, _ = common.compile(jax.vmap(estimate), keys, s_flat, options=COMPILER_OPTIONS)
+        run, _ = common.lower_and_compile(
+            jax.vmap(estimate), keys, s_flat, options=COMPILER_OPTIONS
+        )
         eta = np.asarray(run(keys, s_flat)).reshape(len(s_grid), repeats)
         out[est] = []
         for e, s in zip(eta, s_grid, strict=True):

@@ -225,6 +225,39 @@ def run_cache(name, settings) -> dict:
     return out
 
 
+def run_model(name, settings, seed, jaxvb_first: bool) -> dict:
+    """jaxvb and NUTS on one posterior, in the order given; the floor, the reference,
+    each one's accuracy, and the persistent cache's effect."""
+    print(name, flush=True)
+    order = ("jaxvb", "nuts") if jaxvb_first else ("nuts", "jaxvb")
+    row = {"order": list(order)}
+    for which in order:
+        row[which] = (run_jaxvb if which == "jaxvb" else run_nuts)(name, settings, seed)
+    row["floor"] = run_floor(name, settings, seed)
+    if settings["reference"] is not None:
+        ref = run_reference(name, settings, seed)
+    else:
+        ref = dict(row["nuts"], note="the timed NUTS run (--quick)")
+    row["reference"] = ref
+    for which in ("jaxvb", "nuts"):
+        row[which]["accuracy"] = accuracy(row[which], ref)
+    j, n = row["jaxvb"], row["nuts"]
+    row["speedup_first_call"] = round(n["first_call_s"] / j["first_call_s"], 2)
+    if settings["cache"]:
+        row["persistent_cache"] = cache = run_cache(name, settings)
+        warm = cache["warm"]
+        if "first_call_s" in warm:
+            speedup = warm["nuts_first_call_s"] / warm["first_call_s"]
+            row["speedup_first_call_cached"] = round(speedup, 2)
+    print(
+        f"  jaxvb first {j['first_call_s']:.2f} s (compile {j['compile_s']:.2f} s), "
+        f"after compile {j['run_s']:.3f} s; NUTS first {n['first_call_s']:.2f} s, "
+        f"after compile {n['run_s']:.2f} s; {row['speedup_first_call']}x",
+        flush=True,
+    )
+    return row
+
+
 def main(argv=None):
     parser = common.parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="M0 only, short runs")
@@ -241,40 +274,8 @@ def main(argv=None):
     environment = common.environment()
     models = {}
     for i, name in enumerate(settings["models"]):
-        print(name, flush=True)
         # Alternate which goes first: the first pays for the small programs both share.
-        order = ("jaxvb", "nuts") if i % 2 == 0 else ("nuts", "jaxvb")
-        row = {"order": list(order)}
-        for which in order:
-            row[which] = (run_jaxvb if which == "jaxvb" else run_nuts)(
-                name, settings, args.seed
-            )
-        row["floor"] = run_floor(name, settings, args.seed)
-        if settings["reference"] is not None:
-            ref = run_reference(name, settings, args.seed)
-        else:
-            ref = dict(row["nuts"], note="the timed NUTS run (--quick)")
-        row["reference"] = ref
-        for which in ("jaxvb", "nuts"):
-            row[which]["accuracy"] = accuracy(row[which], ref)
-        row["speedup_first_call"] = round(
-            row["nuts"]["first_call_s"] / row["jaxvb"]["first_call_s"], 2
-        )
-        if settings["cache"]:
-            row["persistent_cache"] = cache = run_cache(name, settings)
-            warm = cache["warm"]
-            if "first_call_s" in warm:
-                row["speedup_first_call_cached"] = round(
-                    warm["nuts_first_call_s"] / warm["first_call_s"], 2
-                )
-        models[name] = row
-        j, n = row["jaxvb"], row["nuts"]
-        print(
-            f"  jaxvb first {j['first_call_s']:.2f} s (compile {j['compile_s']:.2f} s), "
-            f"after compile {j['run_s']:.3f} s; NUTS first {n['first_call_s']:.2f} s, "
-            f"after compile {n['run_s']:.2f} s; {row['speedup_first_call']}x",
-            flush=True,
-        )
+        models[name] = run_model(name, settings, args.seed, jaxvb_first=i % 2 == 0)
     speedups = [row["speedup_first_call"] for row in models.values()]
     cached = [
         r["speedup_first_call_cached"]

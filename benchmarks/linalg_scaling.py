@@ -72,7 +72,7 @@ def main(argv=None):
         p = la.Arrowhead(*(x.astype(dtype) for x in sv_precision(t)))
         for name, fn, arg in (("banded", banded, p.band), ("arrowhead", arrowhead, p)):
             arg = jax.device_put(arg)
-            compiled, compile_s = common.compile(fn, arg)
+            compiled, compile_s = common.lower_and_compile(fn, arg)
             res = jax.block_until_ready(compiled(arg))  # the first call may allocate
             runs = [common.timed(compiled, arg)[1] for _ in range(args.repeats)]
             band = res if name == "banded" else res.band

@@ -216,7 +216,7 @@ def compiled_fit(name, num_steps, num_eval_draws, args, batched, max_backtracks=
     key = (name, num_steps, num_eval_draws, max_backtracks, batched, shapes)
     if key not in _COMPILED:
         fn = make_fit(name, num_steps, num_eval_draws, max_backtracks)
-        _COMPILED[key] = common.compile(jax.vmap(fn) if batched else fn, *args)
+        _COMPILED[key] = common.lower_and_compile(jax.vmap(fn) if batched else fn, *args)
     return _COMPILED[key]
 
 
@@ -409,40 +409,35 @@ def _time_compiled(fn, args, repeats):
     return common.time_calls(fn, lambda i: args, repeats)
 
 
-def run_speed(design, y, ref, settings, seed):
-    """jaxvb's Algorithm 2 against NumPyro SVI; vmapped against a Python loop."""
-    import optax
+def _cast(design, y, keys, dtype):
+    """The data sets in ``dtype``, and the first one's arguments of a single fit."""
+    v, yy = design.astype(dtype), y.astype(dtype)
+    return v, yy, (v[0], yy[0], keys[0])
 
-    reps = settings["repeats"]
-    n_ref, d = len(ref["mean"]), len(y)
-    key = jax.random.key(seed + 4)
-    keys = jax.random.split(jax.random.fold_in(key, 7), d)
-    out = dict(load_average_before=common.load_average())
 
-    def data(dtype):
-        v, yy = design.astype(dtype), y.astype(dtype)
-        return v, yy, (v[0], yy[0], keys[0])
-
-    jaxvb_rows, batch = {}, {}
+def time_jaxvb(design, y, keys, ref, settings):
+    """Each timed variant: one fit after compile, all data sets in one vmapped call,
+    and a Python loop over the single fit."""
+    rows, batch = {}, {}
+    reps, d = settings["repeats"], len(y)
     for label in settings["speed_variants"]:
         name, ned, dtype = SPEED_VARIANTS[label]
-        v, yy, one = data(dtype)
+        v, yy, one = _cast(design, y, keys, dtype)
         single, compile_s = compiled_fit(name, TIMED_STEPS, ned, one, batched=False)
         t = _time_compiled(single, one, reps["jaxvb"])
         vmapped, vcompile_s = compiled_fit(name, TIMED_STEPS, ned, (v, yy, keys), True)
         tv = _time_compiled(vmapped, (v, yy, keys), reps["vmapped"])
         res = vmapped(v, yy, keys)
-        acc = accuracy(res.q.mean, res.q.cov, ref)
         parts = jax.block_until_ready([(v[i], yy[i], keys[i]) for i in range(d)])
         _, loop_s = common.timed(lambda f=single, ps=parts: [f(*p) for p in ps])
-        jaxvb_rows[label] = dict(
+        rows[label] = dict(
             method=name,
             num_steps=TIMED_STEPS,
             num_eval_draws=ned,
             dtype=np.dtype(dtype).name,
             compile_s=compile_s,
             **t,
-            vs_nuts=acc,
+            vs_nuts=accuracy(res.q.mean, res.q.cov, ref),
             flagged_fraction=float(np.mean(np.asarray(res.status) != 0)),
         )
         batch[label] = dict(
@@ -454,19 +449,24 @@ def run_speed(design, y, ref, settings, seed):
             speedup=loop_s / tv["median_s"],
         )
         print(
-            f"  jaxvb {label:30s} {1e3 * t['median_s']:7.2f} ms  KL {acc['kl']:.4f}; "
-            f"{d} data sets vmapped {tv['median_s']:.3f} s, Python loop {loop_s:.3f} s",
+            f"  jaxvb {label:30s} {1e3 * t['median_s']:7.2f} ms; {d} data sets "
+            f"vmapped {tv['median_s']:.3f} s, Python loop {loop_s:.3f} s",
             flush=True,
         )
-    out["jaxvb_single"], out["all_datasets"] = jaxvb_rows, batch
-    target = jaxvb_rows["no_diagnostics"]["vs_nuts"]
-    dtypes = sorted({SPEED_VARIANTS[label][2] for label in jaxvb_rows}, key=str)
+    return rows, batch
 
-    # SVI: per configuration the fewest steps of the grid whose float64 accuracy on the
-    # reference data sets is at least jaxvb's, timed in every precision jaxvb was.
-    svi_rows, svi_compiled = [], {}
+
+def svi_matching(design, y, keys, ref, target, dtypes, settings, key):
+    """Per SVI configuration the fewest steps of the grid whose float64 accuracy on the
+    reference data sets is at least ``target``'s, timed in each of ``dtypes``. Returns
+    the rows and the compiled matching runs by ``(row index, dtype name)``."""
+    import optax
+
+    n_ref = len(ref["mean"])
+    rows, compiled = [], {}
     for schedule, lr, particles in settings["svi_configs"]:
         row = dict(schedule=schedule, learning_rate=lr, num_particles=particles, grid=[])
+        rows.append(row)
         for n in settings["svi_steps"]:
             rate = optax.cosine_decay_schedule(lr, n) if schedule == "cosine" else lr
             fn = partial(
@@ -478,49 +478,58 @@ def run_speed(design, y, ref, settings, seed):
             matched = acc["kl"] <= target["kl"] and acc["sme_max"] <= target["sme_max"]
             row["grid"].append(dict(num_steps=n, vs_nuts=acc, matches=matched))
             print(
-                f"  svi {schedule} lr={lr:g} particles={particles} steps={n}: KL "
-                f"{acc['kl']:.4f}{' matches' if matched else ''}",
-                flush=True,
+                f"  svi {schedule} lr={lr:g} x{particles} steps={n}: {matched}", flush=True
             )
             if not matched:
                 continue
             row["matching"] = dict(num_steps=n, vs_nuts=acc)
             for dtype in dtypes:
-                v, yy, one = data(dtype)
+                v, yy, one = _cast(design, y, keys, dtype)
                 dname = np.dtype(dtype).name
-                compiled, compile_s = common.compile(fn, *one)
-                svi_compiled[(id(row), dname)] = compiled
-                t = _time_compiled(compiled, one, reps["svi"])
-                row["matching"][dname] = dict(compile_s=compile_s, **t)
+                fit, compile_s = common.lower_and_compile(fn, *one)
+                compiled[(len(rows) - 1, dname)] = fit
+                timing = _time_compiled(fit, one, settings["repeats"]["svi"])
+                row["matching"][dname] = dict(compile_s=compile_s, **timing)
                 if dtype != jnp.float64:  # the same run's accuracy in this precision
                     r = jax.jit(jax.vmap(fn))(v[:n_ref], yy[:n_ref], ref_keys)
                     row["matching"][dname]["vs_nuts"] = accuracy(r.mean, r.cov, ref)
             break
-        svi_rows.append(row)
-    out["svi"] = svi_rows
+    return rows, compiled
 
-    # Like with like: the same precision, the fastest matching SVI run and the jaxvb
-    # fits timed in alternation.
+
+def run_speed(design, y, ref, settings, seed):
+    """jaxvb's Algorithm 2 against NumPyro SVI; vmapped against a Python loop. The
+    ratio compares like with like: the same precision, the fastest matching SVI run and
+    the jaxvb fits timed in alternation."""
+    key = jax.random.key(seed + 4)
+    keys = jax.random.split(jax.random.fold_in(key, 7), len(y))
+    out = dict(load_average_before=common.load_average())
+    jaxvb_rows, out["all_datasets"] = time_jaxvb(design, y, keys, ref, settings)
+    out["jaxvb_single"] = jaxvb_rows
+    dtypes = sorted({SPEED_VARIANTS[label][2] for label in jaxvb_rows}, key=str)
+    target = jaxvb_rows["no_diagnostics"]["vs_nuts"]
+    out["svi"], svi_compiled = svi_matching(
+        design, y, keys, ref, target, dtypes, settings, key
+    )
     ratios = {}
-    matching = [r for r in svi_rows if "matching" in r]
+    matching = [i for i, r in enumerate(out["svi"]) if "matching" in r]
     for dtype in dtypes:
         dname = np.dtype(dtype).name
         if not matching:
             ratios[dname] = None
             continue
-        best = min(matching, key=lambda r: r["matching"][dname]["median_s"])
+        best = min(matching, key=lambda i: out["svi"][i]["matching"][dname]["median_s"])
         labels = [label for label, row in jaxvb_rows.items() if row["dtype"] == dname]
-        _, _, one = data(dtype)
-        fns = {"svi": svi_compiled[(id(best), dname)]}
+        _, _, one = _cast(design, y, keys, dtype)
+        fns = {"svi": svi_compiled[(best, dname)]}
         for label in labels:
             fn_name, ned, _ = SPEED_VARIANTS[label]
             fns[label] = compiled_fit(fn_name, TIMED_STEPS, ned, one, batched=False)[0]
-        times = head_to_head(fns, one, reps["svi"], inner=10)
+        times = head_to_head(fns, one, settings["repeats"]["svi"], inner=10)
+        config = out["svi"][best]
         ratios[dname] = dict(
-            schedule=best["schedule"],
-            learning_rate=best["learning_rate"],
-            num_particles=best["num_particles"],
-            num_steps=best["matching"]["num_steps"],
+            **{k: config[k] for k in ("schedule", "learning_rate", "num_particles")},
+            num_steps=config["matching"]["num_steps"],
             head_to_head_median_s=times,
             **{f"ratio_to_jaxvb_{label}": times["svi"] / times[label] for label in labels},
         )

@@ -380,7 +380,7 @@ def worker(spec: dict) -> dict:
         draws = 2 if variant == "no_diagnostics" else scaling_eval_draws(T)
         program = partial(fit_program, num_eval_draws=draws)
         t0 = time.perf_counter()
-        compiled, compile_s = common.compile(program, y, jax.random.key(0))
+        compiled, compile_s = common.lower_and_compile(program, y, jax.random.key(0))
         res, _ = common.timed(compiled, y, jax.random.key(0))
         first = time.perf_counter() - t0
         run = common.time_calls(
@@ -788,6 +788,49 @@ def _print_accuracy(report: dict):
         print(f"{eq:9s} settled ({c['num_steps']} steps, {c['num_fits']} fits): {errs}")
 
 
+def run_speed(y, ref, settings) -> dict:
+    """Each equation with and without diagnostics: :func:`time_fit`, and the speed-up
+    over the NUTS reference's wall time."""
+    speed = {}
+    for eq in settings["equations"]:
+        speed[eq] = {}
+        for diag in settings["diagnostics"]:
+            options = dict(indirect_effects=EQUATIONS[eq], num_eval_draws=DIAGNOSTICS[diag])
+            r = time_fit(y, settings["repeats"], **options)
+            r["speedup_vs_nuts"] = ref["wall_s"] / r["run"]["median_s"]
+            r["speedup_vs_nuts_including_compile"] = ref["wall_s"] / r["first_call_s"]
+            speed[eq][diag] = r
+            print(f"{eq} {diag}: {1e3 * r['run']['median_s']:.1f} ms", flush=True)
+    return speed
+
+
+def run_accuracy(y, ref, settings):
+    """Each equation's accuracy fits and longer fits, and the figures' data."""
+    acc, plotted, converged = {}, {}, {}
+    for eq in settings["equations"]:
+        acc[eq], plotted[eq], v = accuracy(y, ref, eq, settings)
+        if eq == "svapprox":
+            v_first = v
+        converged[eq] = accuracy(y, ref, eq, settings, converged=True)[0]
+        del converged[eq]["fits"]  # the spread over fits says it all here
+    return acc, converged, figure_record(ref, plotted, v_first, settings)
+
+
+def nuts_record(ref: dict, path: Path) -> dict:
+    """The NUTS reference as the report names it (without its draws)."""
+    nuts = {k: v for k, v in ref.items() if k not in ("params", "v")}
+    nuts["path"] = os.path.relpath(path, common.ROOT)
+    nuts["params"] = {
+        k: {f: x for f, x in p.items() if f != "draws_thinned"}
+        for k, p in ref["params"].items()
+    }
+    nuts["v"] = {k: ref["v"][k] for k in ("ess_min", "r_hat_max")}
+    nuts["mean_mc_error_in_sd"] = {
+        k: p["mean_mc_error"] / p["sd"] for k, p in ref["params"].items()
+    }
+    return nuts
+
+
 def main(argv=None):
     parser = common.parser(__doc__)
     parser.add_argument(
@@ -820,49 +863,14 @@ def main(argv=None):
     else:
         ref = read_reference(args.reference)
 
-    speed = {}
-    for eq in settings["equations"]:
-        speed[eq] = {}
-        for diag in settings["diagnostics"]:
-            r = time_fit(
-                y,
-                settings["repeats"],
-                indirect_effects=EQUATIONS[eq],
-                num_eval_draws=DIAGNOSTICS[diag],
-            )
-            r["speedup_vs_nuts"] = ref["wall_s"] / r["run"]["median_s"]
-            r["speedup_vs_nuts_including_compile"] = ref["wall_s"] / r["first_call_s"]
-            speed[eq][diag] = r
-            print(
-                f"{eq:9s} {diag:15s}: first call {r['first_call_s']:.1f} s, "
-                f"{1e3 * r['run']['median_s']:.1f} ms after compile",
-                flush=True,
-            )
+    speed = run_speed(y, ref, settings)
     load_after_speed = common.load_average()
-
-    acc, plotted, converged = {}, {}, {}
-    for eq in settings["equations"]:
-        acc[eq], plotted[eq], v = accuracy(y, ref, eq, settings)
-        if eq == "svapprox":
-            v_first = v
-        converged[eq] = accuracy(y, ref, eq, settings, converged=True)[0]
-        del converged[eq]["fits"]  # the spread over fits says it all here
-    figures = figure_record(ref, plotted, v_first, settings)
+    acc, converged, figures = run_accuracy(y, ref, settings)
     common.write_json(out, FIGURES, figures, indent=None)
     plot_posteriors(figures, ref, out / f"{NAME}_posteriors.png")
     plot_volatility(figures, ref, out / f"{NAME}_volatility.png", y=y)
 
     scaling = None if args.skip_scaling else run_scaling(settings, args.scaling_timeout)
-    nuts = {k: v for k, v in ref.items() if k not in ("params", "v")}
-    nuts["path"] = os.path.relpath(args.reference, common.ROOT)
-    nuts["params"] = {
-        k: {f: x for f, x in p.items() if f != "draws_thinned"}
-        for k, p in ref["params"].items()
-    }
-    nuts["v"] = {k: ref["v"][k] for k in ("ess_min", "r_hat_max")}
-    nuts["mean_mc_error_in_sd"] = {
-        k: p["mean_mc_error"] / p["sd"] for k, p in ref["params"].items()
-    }
     report = dict(
         quick=bool(args.quick),
         environment=env,
@@ -875,7 +883,7 @@ def main(argv=None):
             dtype="float64",
             series="jaxvb.data.sv_gbpusd()",
         ),
-        nuts=nuts,
+        nuts=nuts_record(ref, args.reference),
         speed=speed,
         accuracy=acc,
         converged=converged,
