@@ -3,8 +3,8 @@ r"""Standard gamma draws with implicit reparameterisation gradients, vectorised.
 Why not ``jax.random.gamma``: on CPU (jax 0.10) it loops over the elements with
 ``lax.map``, once to sample and once more for the derivative, and that derivative
 (``lax.random_gamma_grad``) runs a series and a continued fraction in ``while`` loops
-whose length grows like ``sqrt(a)``: 10--25 us per scalar at the shapes of the
-stochastic-volatility fit, about a third of its time. Here both are branch-free array
+whose length grows like ``sqrt(a)``: in a fit that draws many gammas (the
+stochastic-volatility model) a large share of its time. Here both are branch-free array
 code over all elements at once.
 
 Draws: Marsaglia & Tsang (2000), ``num_candidates`` proposals per element drawn at once
@@ -129,7 +129,7 @@ def _uniforms(key, a, num_candidates):
     ``num_candidates`` standard normals and log-uniforms for Marsaglia--Tsang, and one
     uniform for the boost of shapes below 1. One ``uniform`` call instead of five
     (splits, ``normal``, ``uniform``): inside a fit's loop each call is a chain of
-    small steps of its own (hashing, copies of keys), ~10% of the SV fit.
+    small steps of its own (hashing, copies of keys), a visible share of the SV fit.
     """
     u = jax.random.uniform(key, (2 * num_candidates + 1,) + a.shape, a.dtype)
     # The normals as jax.random.normal makes them: sqrt(2) erfinv(w), w in (-1, 1).

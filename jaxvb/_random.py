@@ -4,10 +4,8 @@
 ``erfinv`` into a long two-branch polynomial, and every place a program draws normals
 compiles its own copy of it (with the threefry rounds before it). A fit's program draws
 in several places (the step, the offset, the diagnostics' chunks, the start's draws),
-so on XLA:CPU those copies were ~20% of a first fit's compile: on a 10-parameter
-hierarchical model, the fit's program compiled in 2.07 s (3.7 s of CPU) with
-``jax.random.normal`` and 1.69 s (2.9 s) with the Box-Muller transform below, and the
-whole first fit took 2.56 s against 2.07 s.
+so on XLA:CPU those copies are a sizeable share of a first fit's compile time; the
+Box-Muller transform below compiles to a few elementwise operations.
 
 The draws are exact standard normals, one per pair of uniforms (``sqrt(-2 log u1)
 cos(2 pi u2)``, Box and Muller 1958; the sine's twin is not used, so that normal ``i``

@@ -57,10 +57,10 @@ def fit_batched(
         of every process).
       batch_size: at most this many fits at once on each device (``jax.lax.map`` with
         ``batch_size``: vmapped groups one after another), which bounds memory; default
-        all of a device's block at once. Memory grows with the fits run at once: the
-        paper's probit fit with the default diagnostics holds ~1 MB per fit (100,000
-        at once peaked at 96.5 GB on an H200, ``benchmarks/results/gpu.json``). The
-        results are the same either way, up to rounding.
+        all of a device's block at once. Memory grows with the fits run at once
+        (``benchmarks/results/gpu.json`` records the peak for the paper's probit fit
+        with the default diagnostics). The results are the same either way, up to
+        rounding.
 
     Returns:
       ``fit_one``'s pytree with a leading axis of size ``B`` on every leaf.

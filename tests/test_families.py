@@ -87,8 +87,8 @@ CASES = [
 ANTITHETIC = (Gaussian, Exponential)  # the others raise NotImplementedError
 
 
-# The fast tier leaves out two cases whose families it covers otherwise (~20 s of its
-# time): the vector Gamma (the scalar one stays) and the 2-D Gaussian (1-D and 3-D stay).
+# The fast tier leaves out two cases whose families it covers otherwise (the slowest):
+# the vector Gamma (the scalar one stays) and the 2-D Gaussian (1-D and 3-D stay).
 SLOW_CASES = ("gamma-3", "gaussian-2")
 
 

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import family_rel_err, tiered
+from scipy import optimize
 
 import jaxvb
 from jaxvb.methods.gradient import MEAN_CHOLESKY, Parameterization, gradient
@@ -159,8 +160,6 @@ def quartic(x):
 @functools.cache
 def quadrature_optimum():
     """The KL-optimal Gaussian ``(m, v)``: maximise the ELBO by Gauss-Hermite quadrature."""
-    from scipy import optimize
-
     nodes, weights = np.polynomial.hermite_e.hermegauss(40)  # exact for degree 4
     weights = weights / weights.sum()
 

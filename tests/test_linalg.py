@@ -27,6 +27,7 @@ from jax.test_util import check_grads
 from scipy import stats
 
 from jaxvb import linalg as la
+from jaxvb.linalg import _small as small
 
 RTOL = 1e-10
 N_SE = 5.0
@@ -703,10 +704,8 @@ def test_small_routines_against_lapack(n):
 
     The test matrices have columns scaled over 10 orders of magnitude and rows of
     mixed size, so that the pivoting matters (without it the 3 x 3 solves lose ~6
-    digits on these); the error is measured relative to ``cond(a) * eps``.
+    digits on these); the error is taken relative to ``cond(a) * eps``.
     """
-    from jaxvb.linalg import _small as small
-
     rng = np.random.default_rng(n)
     fn = jax.jit(lambda a, b, s: (small.solve(a, b), small.cholesky(s)))
     for _ in range(50):
@@ -737,8 +736,6 @@ def test_small_routines_against_lapack(n):
 
 
 def test_small_routines_flag_bad_matrices_and_fall_back_above_order_4():
-    from jaxvb.linalg import _small as small
-
     # not positive definite: NaN, as jnp.linalg.cholesky
     assert np.isnan(small.cholesky(-jnp.eye(2))[0, 0])
     assert np.isnan(small.cholesky(jnp.array([[1.0, 2.0], [2.0, 1.0]]))[1, 1])

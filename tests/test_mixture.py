@@ -174,10 +174,9 @@ def test_one_component_is_algorithm_2():
     kw = dict(num_steps=STEPS, num_eval_draws=200)
     gauss = jaxvb.fit(two, g0, KEY, method="hessian", **kw)
     mix = jaxvb.fit(two, m0, KEY, **kw)  # the mixture method is the default
-    # q covers one of the two bumps: the Gaussian's own draws never reach the other
-    # (issue 16's reproducer 7), but its start's do (g0 widened 4x: MISSED_MASS); the
-    # mixture's evidence draws do too, and its k-hat flags its evidence as not to be
-    # trusted
+    # q covers one of the two bumps: the Gaussian's own draws never reach the other,
+    # but its start's do (g0 widened 4x: MISSED_MASS); the mixture's evidence draws do
+    # too, and its k-hat flags its evidence as not to be trusted
     assert jaxvb.Status(int(gauss.status)) == jaxvb.Status.MISSED_MASS
     assert jaxvb.Status(int(mix.status)) == jaxvb.Status.HIGH_KHAT
     assert int(mix.num_damped_steps) == int(gauss.num_damped_steps)

@@ -1,11 +1,11 @@
-"""A mixture's KL and log evidence against quadrature (issue 16, reproducer 8).
+"""A mixture's KL and log evidence against quadrature.
 
 The beta-binomial posterior (section 6.2.1) fitted by ``K = 1, 2, 4, 8`` Gaussians with
 ``fit``'s defaults (the Laplace start ``init_mixture``; ``num_steps=500``, the default
 step and 1000 evaluation draws). The reported KL and log evidence
 (:func:`jaxvb.diagnostics.mixture_evidence`) must agree with their exact values by 2-D
 quadrature: KL within a factor of 2 (or 0.005, the looser), ``log Z`` within 0.01.
-Over 300 evaluation keys the estimate of ``log Z`` had a standard deviation of 0.004 -
+Over 300 evaluation keys the estimate of ``log Z`` has a standard deviation of 0.004 -
 0.005 at ``K = 1`` and 0.002 - 0.003 at ``K = 2..8``, so 0.01 is 2 - 4 of them: a fixed
 key fails with probability ~2% at ``K = 1`` and below 1e-3 elsewhere. ``s^2 / 2``, the
 paper's estimate, is a third low at ``K = 1`` and gives ``log Z`` 0.03 low there.

@@ -141,7 +141,7 @@ def test_each_method_recovers_the_probit_posterior_of_nuts(name, fits, nuts_refe
     # The paper's measure of fit: R^2 near 1 for this nearly Gaussian posterior. One
     # gradient fit of the eight (key 6) ends at R^2 0.82 (its mean ~0.2 off the Hessian
     # fit's with the same key; the method's 500 steps leave such a fit now and then:
-    # over 48 other keys its R^2 was 0.94-0.97, with jax.random.normal's draws too)
+    # over 48 other keys its R^2 is 0.94-0.97, with jax.random.normal's draws too)
     assert np.all(fit["r_squared"] > 0.8) and np.median(fit["r_squared"]) > 0.95
 
 
@@ -344,7 +344,7 @@ def test_a_site_with_a_non_finite_log_likelihood_is_flagged():
 @pytest.mark.slow
 def test_a_site_fit_that_never_settles_is_flagged():
     """No Gaussian is a stationary point here (KL is infinite for all of them): the fit
-    must not end with status 0 (issue 16, reproducer 4). Over keys 0-4 it ends flagged
+    must not end with status 0. Over keys 0-4 it ends flagged
     for draws where log f is not finite (f < 0), a poor fit (R^2 < 0), or an unsettled
     one: which flag depends on the key, that there is one does not."""
     prior = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))

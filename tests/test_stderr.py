@@ -1,5 +1,5 @@
-"""The diagnostics' Monte Carlo standard errors (issue 16): each is the spread its
-estimate has over evaluation keys."""
+"""The diagnostics' Monte Carlo standard errors: each is the spread its estimate has
+over evaluation keys."""
 
 import jax
 import jax.numpy as jnp

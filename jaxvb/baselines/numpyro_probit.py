@@ -133,8 +133,8 @@ def nuts(
       A :class:`NutsResult`.
 
     Example:
-      Not run as a doctest: even a short run compiles NUTS for ~5 s with the test
-      suite's XLA settings (``tests/test_numpyro_baselines.py`` runs it).
+      Not run as a doctest: even a short run is slow to compile NUTS
+      (``tests/test_numpyro_baselines.py`` runs it).
 
       >>> import jax, jax.numpy as jnp
       >>> from jaxvb.baselines import numpyro_probit
@@ -232,8 +232,8 @@ def svi(
       :class:`SviResult` with the fitted mean and covariance.
 
     Example:
-      Not run as a doctest: compiling NumPyro's SVI step takes ~8 s with the test
-      suite's XLA settings (``tests/test_numpyro_baselines.py`` runs it).
+      Not run as a doctest: NumPyro's SVI step is slow to compile
+      (``tests/test_numpyro_baselines.py`` runs it).
 
       >>> import jax, jax.numpy as jnp
       >>> from jaxvb.baselines import numpyro_probit

@@ -59,9 +59,9 @@ class Beta(ScalarFamily):
         )
         log_g = log_standard_gamma(noise, jnp.stack([a, b]))
         x = jax.nn.sigmoid(log_g[0] - log_g[1])
-        # Draws within eps of 0 or 1 round to exactly 0 or 1 (seen for Beta(20, 1.5)
-        # in float64, ~1 in 40 runs of 250 draws), where log x or log(1 - x) is -inf.
-        # Keep them in the open interval.
+        # Draws within eps of 0 or 1 round to exactly 0 or 1 (as Beta(20, 1.5)'s now
+        # and then do in float64), where log x or log(1 - x) is -inf. Keep them in the
+        # open interval.
         eps = jnp.finfo(x.dtype).eps
         return jnp.clip(x, jnp.finfo(x.dtype).tiny, 1.0 - eps / 2)
 

@@ -64,7 +64,7 @@ def hessian(grad_and_hessian: Callable | None = None) -> Method:
       from ``Gaussian(0, I)`` on an ill-conditioned or heavy-tailed posterior (a
       regression on raw, collinear data; GARCH) the run often ends flagged, and can
       stop before the iteration has settled. Give ``fit`` a point ``x0`` instead: it
-      then starts from the Laplace approximation there, from which Algorithm 2 was
+      then starts from the Laplace approximation there, from which Algorithm 2 is
       accurate on every model of ``benchmarks/robustness.py``.
 
     Example:

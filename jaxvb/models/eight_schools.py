@@ -292,7 +292,7 @@ def fit_hierarchical(
     of the result are ``x = (tau, theta_1..8, mu)`` (:func:`hierarchical_log_joint`).
     Eqs. sv2 and svapprox coincide here (the sites are exact, so ``E[log p(y | f) - log
     q(y | f)]`` does not depend on ``tau``): the method is the paper's default. The
-    first call compiles (~10-20 s on CPU); later calls with the same settings reuse it.
+    first call compiles the fit; later calls with the same settings reuse it.
 
     Args:
       key: a JAX random key.

@@ -336,8 +336,8 @@ class SVFit:
       result: the :class:`jaxvb.Result` of the fit.
 
     Example:
-      Not run as a doctest (the fit compiles for ~10 s with the test suite's XLA
-      settings; ``tests/test_stochastic_volatility.py`` runs it):
+      Not run as a doctest (the fit is slow to compile;
+      ``tests/test_stochastic_volatility.py`` runs it):
 
       >>> import jax, jaxvb
       >>> from jaxvb.models import stochastic_volatility as sv
@@ -359,8 +359,7 @@ class SVFit:
         """``n`` joint draws: ``phi (n,)``, ``s2 (n,)``, ``beta (n,)``, ``v (n, T)``.
 
         Compiled once per ``(q, n)`` structure: run eagerly, every op of the samplers
-        and scans would dispatch on its own (4 s for 1000 draws at ``T = 945``, against
-        ~50 ms compiled).
+        and scans would dispatch on its own, many times slower.
         """
         x = _draw(self.result.q, key, int(n))
         return {
@@ -466,8 +465,8 @@ def nuts_reference(
       ``(num_chains, num_samples, ...)`` instead, for R-hat and effective sample sizes.
 
     Example:
-      Not run as a doctest (the reference in ``tests/data/sv_nuts.json``, 4 x 10000
-      draws, took 131 s):
+      Not run as a doctest (NUTS runs for minutes; its 4 x 10000 draws are the
+      reference in ``tests/data/sv_nuts.json``):
 
       >>> import jax, jaxvb
       >>> from jaxvb.models import stochastic_volatility as sv
