@@ -47,7 +47,15 @@ def default_draws(q0, num_steps: int, per_step: int, num_eval_draws: int) -> int
     """The check's draws when ``fit`` is not told: ``min(num_eval_draws, 200)``, at
     most a quarter of the iteration's draws (each is a step of the same loop) and at
     least :data:`MIN_CHECK_DRAWS`, and at most ~:data:`MAX_HELD` values held (a long
-    latent field, d ~ 10^6, gets 16 draws)."""
+    latent field, d ~ 10^6, gets 16 draws).
+
+    Example:
+      >>> import jax.numpy as jnp, jaxvb
+      >>> from jaxvb.core.convergence import default_draws
+      >>> q0 = jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2))
+      >>> default_draws(q0, 1000, 1, 1000), default_draws(q0, 250, 1, 1000)
+      (200, 62)
+    """
     return min(
         num_eval_draws,
         200,
@@ -67,6 +75,26 @@ class Check(NamedTuple):
     ``q``/``good``: the fit's result (:func:`kernel.finalize` at the last step), whose
     draws the check steps use; ``sums``/``counts``: their statistics summed for the two
     halves of the check (leading axis 2); ``x``: the draws, one row per check step.
+
+    Example:
+      The check by hand on a Gaussian target, which ``q`` already equals: eight
+      check steps from ``q`` (here the state's, as nothing was averaged), then the
+      distances, both zero to rounding.
+
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> from jaxvb.core import convergence, kernel
+      >>> log_joint = lambda x: -0.5 * jnp.sum((x - 1.0) ** 2)
+      >>> method, q = jaxvb.methods.hessian(), jaxvb.Gaussian(jnp.ones(2), jnp.eye(2))
+      >>> state = kernel.init(jax.random.key(0), q, log_joint, method)
+      >>> check = convergence.init(q, state.stats, num_check_steps=8, per_step=1)
+      >>> check = convergence.settle(check, state, 4, 4, method, log_joint)
+      >>> for t in range(5, 13):
+      ...     keys = jax.random.split(jax.random.key(t), 1)
+      ...     draws = kernel.draw(keys, check.q, log_joint, method)
+      ...     check = convergence.accumulate(check, draws, t, num_steps=4)
+      >>> shift, noise = convergence.distances(check, method, log_joint)
+      >>> float(shift) < 1e-20, float(noise) < 1e-20
+      (True, True)
     """
 
     q: Any
@@ -86,6 +114,13 @@ def distances(check: Check, method: Method, log_joint):
     order, ``Var_q[log a - log b] / 2`` on the check's own draws of ``q`` (a second set
     of draws would cost another random-number program to compile): unlike the natural
     parameters, ``log_prob`` stays accurate for ill-conditioned Gaussians.
+
+    Example:
+      See :class:`Check`: on a target ``q`` already equals, both are zero.
+
+      >>> from jaxvb.core import convergence
+      >>> callable(convergence.distances)
+      True
     """
     q, dtype = check.q, check.q.dtype
     tree = jax.tree_util.tree_map
@@ -123,7 +158,17 @@ def distances(check: Check, method: Method, log_joint):
 
 
 def init(q0, stats, num_check_steps: int, per_step: int) -> Check:
-    """The check before the iteration: ``stats`` gives the statistics' shapes."""
+    """The check before the iteration: ``stats`` gives the statistics' shapes.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> from jaxvb.core import convergence, kernel
+      >>> q = jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2))
+      >>> state = kernel.init(jax.random.key(0), q, lambda x: -x @ x,
+      ...                     jaxvb.methods.hessian())
+      >>> convergence.init(q, state.stats, num_check_steps=4, per_step=1).x.shape
+      (4, 1, 2)
+    """
     dtype = q0.dtype
     zeros2 = jax.tree_util.tree_map(lambda v: jnp.zeros((2, *v.shape), dtype), stats)
     # the check's draws, per step (as the kernel keeps its non-finite draw: q's points)
@@ -133,7 +178,15 @@ def init(q0, stats, num_check_steps: int, per_step: int) -> Check:
 
 def settle(check: Check, state, t, num_steps: int, method: Method, log_joint) -> Check:
     """At the iteration's last step, the result (:func:`jaxvb.kernel.finalize`), whose
-    draws the check steps use; ``check`` unchanged before."""
+    draws the check steps use; ``check`` unchanged before.
+
+    Example:
+      See :class:`Check`.
+
+      >>> from jaxvb.core import convergence
+      >>> callable(convergence.settle)
+      True
+    """
     q, good = jax.lax.cond(
         t == num_steps,
         lambda: kernel.finalize(state, method, log_joint),
@@ -143,7 +196,15 @@ def settle(check: Check, state, t, num_steps: int, method: Method, log_joint) ->
 
 
 def accumulate(check: Check, draws: kernel.Draws, t, num_steps: int) -> Check:
-    """A check step: its draws' statistics summed into one of the two halves."""
+    """A check step: its draws' statistics summed into one of the two halves.
+
+    Example:
+      See :class:`Check`.
+
+      >>> from jaxvb.core import convergence
+      >>> callable(convergence.accumulate)
+      True
+    """
     dtype = check.q.dtype
     s_hat = draws.stats
     use = finite_rows(s_hat)

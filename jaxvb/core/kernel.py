@@ -77,6 +77,14 @@ class Draws(NamedTuple):
       stats: each draw's estimate of the statistics (leading axis: the draws).
       x: the draws, ``(num_draws, *event_shape)``.
       log_density: ``log_joint`` at each draw.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> q = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
+      >>> draws = jaxvb.kernel.draw(jax.random.split(jax.random.key(0), 4), q,
+      ...                           lambda x: -x @ x, jaxvb.methods.hessian())
+      >>> isinstance(draws, jaxvb.kernel.Draws), draws.x.shape
+      (True, (4, 1))
     """
 
     stats: Any
@@ -169,7 +177,14 @@ def init(key: jax.Array, q0: Any, log_joint: Callable, method: Method) -> State:
 
 
 def start_record(q0: Any) -> Record:
-    """The :class:`Record` before the first step."""
+    """The :class:`Record` before the first step.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxvb
+      >>> rec = jaxvb.kernel.start_record(jaxvb.Gamma(jnp.ones(3), jnp.ones(3)))
+      >>> int(rec.num_damped_steps), int(rec.first_nonfinite_step), rec.nonfinite_draw.shape
+      (0, -1, (3,))
+    """
     return Record(
         status=jnp.zeros((), jnp.int32),
         first_improper_step=jnp.full((), -1, jnp.int32),

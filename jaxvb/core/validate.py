@@ -81,6 +81,20 @@ def validate(q0, key, options: dict, *, abstract: bool = False) -> tuple[Method,
 
     ``abstract``: ``q0`` has ``jax.ShapeDtypeStruct`` leaves (from ``jax.eval_shape``
     of a start); what needs its values is not checked.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxvb
+      >>> from jaxvb.core.validate import validate
+      >>> q0 = jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2))
+      >>> options = dict(method=None, num_steps=100, num_draws=1, max_backtracks=8,
+      ...                num_eval_draws=1000, antithetic=False, step_size=None)
+      >>> method, w = validate(q0, jax.random.key(0), options)
+      >>> method.name, w
+      ('hessian', 0.1)
+      >>> validate(q0, jax.random.key(0), dict(options, num_steps=1))
+      Traceback (most recent call last):
+      ...
+      ValueError: num_steps must be an integer >= 2, got 1
     """
     num_steps, num_draws = options["num_steps"], options["num_draws"]
     max_backtracks, num_eval_draws = options["max_backtracks"], options["num_eval_draws"]
