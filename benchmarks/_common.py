@@ -17,7 +17,8 @@ Every script in ``benchmarks/`` is one experiment; what they share is here:
 * **The record.** :func:`environment`: machine, versions, JAX settings, devices, and the
   git commit as data.
 * **Output.** :func:`parser` and :func:`output_dir` (the options every script has),
-  :func:`write_json`, :func:`read_result`, :func:`figure` and :func:`save` (PNG).
+  :func:`write_json`, :func:`read_result`, :func:`print_targets`, :func:`figure` and
+  :func:`save` (PNG).
 """
 
 from __future__ import annotations
@@ -422,6 +423,27 @@ def write_json(directory: Path, name: str, report: dict, indent: int | None = 1)
 def read_result(name: str, directory: Path = RESULTS) -> dict:
     """``directory/name.json`` (by default the stored results)."""
     return json.loads((Path(directory) / f"{name}.json").read_text())
+
+
+def _short(value):
+    if isinstance(value, dict):
+        return {k: _short(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_short(v) for v in value]
+    return round(value, 3) if isinstance(value, float) else value
+
+
+def print_targets(targets: dict) -> None:
+    """Each target of a report, met or not, with its value; a group of targets (per
+    model or per variant) one line per member."""
+    for name, t in targets.items():
+        members = [("", t)] if "met" in t else t.items()
+        members = [(k, m) for k, m in members if isinstance(m, dict) and "met" in m]
+        for label, m in members:
+            met = "met" if m["met"] else "NOT met"
+            numbers = (v for v in m.values() if type(v) in (int, float))
+            value = m.get("value", next(numbers, None))
+            print(f"  {name:28s} {label:28s} {met:8s} {_short(value)}")
 
 
 def figure(**kw):

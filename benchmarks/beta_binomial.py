@@ -445,8 +445,7 @@ def main(argv=None):
     common.write_json(out, NAME, report, indent=2)
     plot_kl(report, out / f"{NAME}_kl.png")
     plot_contours(report, out / f"{NAME}_contours.png")
-    for name, target in report["targets"].items():
-        print(f"{name:16s} {'met' if target['met'] else 'NOT met':8s} {target['target']}")
+    common.print_targets(report["targets"])
     return report
 
 

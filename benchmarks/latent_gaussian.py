@@ -1248,26 +1248,7 @@ def print_summary(report: dict, sections=SECTIONS):
         print(f"  log-log slope {sc['log_log_slope']:.3f}")
     if "targets" in sections:
         print("\n== targets ==")
-        for name, group in report["targets"].items():
-            items = group.items() if "target" not in group else [("", group)]
-            for label, t in items:
-                v = t["value"]
-                if isinstance(v, dict):
-                    v = {k: round(x, 3) for k, x in v.items()}
-                elif isinstance(v, list):
-                    v = [round(x, 3) for x in v]
-                else:
-                    v = round(v, 3)
-                extra = ""
-                if "met_without_diagnostics" in t:
-                    bare = "met" if t["met_without_diagnostics"] else "NOT met"
-                    extra = (
-                        f"  (without diagnostics: {bare}, {t['without_diagnostics']:.3g})"
-                    )
-                print(
-                    f"  {name:28s} {label:24s} {'met' if t['met'] else 'NOT met':8s} "
-                    f"{v}{extra}"
-                )
+        common.print_targets(report["targets"])
 
 
 def plot_accuracy(report: dict, figures: dict, path=None):

@@ -742,13 +742,7 @@ def print_summary(report: dict, sections=SECTIONS):
             print(f"log-log slope, {v}: {s['all']:.3f}")
     if "targets" in sections:
         print("\n== targets ==")
-        for name, t in report["targets"].items():
-            value = t["value"]
-            if isinstance(value, dict):
-                value = {k: round(x, 3) for k, x in value.items()}
-            else:
-                value = round(value, 3)
-            print(f"{name:24s} {'met' if t['met'] else 'NOT met':8s} {value}")
+        common.print_targets(report["targets"])
 
 
 def _print_accuracy(report: dict):
