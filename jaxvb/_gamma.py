@@ -27,7 +27,7 @@ The side away from the mode is integrated by 48-point Gauss--Legendre over a ran
 that holds all but ``e^-40`` of it; for ``x < a < 10``, where the left tail is long in
 ``w``, the series of ``P(a, x)`` (64 terms, as ``jax.lax`` does but unrolled) is used
 instead. Relative error against ``mpmath`` is below ``1e-10`` for ``a`` in
-``[0.05, 1e6]`` at every quantile tested (``tests/test_families.py``).
+``[0.05, 1e6]`` at every quantile tested (``tests/families/test_families.py``).
 """
 
 from __future__ import annotations

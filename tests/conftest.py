@@ -31,6 +31,13 @@ from pathlib import Path
 
 from jaxvb import _platform  # imports jax, which reads XLA_FLAGS only when first used
 
+# tests/ mirrors jaxvb/, a folder per package; test modules import helpers.py and each
+# other's models by name (test_float32 uses test_fit's and test_latent's), so every
+# folder is on the path, as pytest puts a test module's own.
+for _folder in sorted(Path(__file__).resolve().parent.iterdir()):
+    if _folder.is_dir() and not _folder.name.startswith((".", "_")) and _folder.name != "data":
+        sys.path.insert(0, str(_folder))
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _DEFAULTS = os.environ.get("JAXVB_TEST_XLA", "").lower() == "default"
 os.environ["XLA_FLAGS"] = " ".join(

@@ -134,7 +134,7 @@ def nuts(
 
     Example:
       Not run as a doctest: even a short run is slow to compile NUTS
-      (``tests/test_numpyro_baselines.py`` runs it).
+      (``tests/baselines/test_numpyro_baselines.py`` runs it).
 
       >>> import jax, jax.numpy as jnp
       >>> from jaxvb.baselines import numpyro_probit
@@ -233,7 +233,7 @@ def svi(
 
     Example:
       Not run as a doctest: NumPyro's SVI step is slow to compile
-      (``tests/test_numpyro_baselines.py`` runs it).
+      (``tests/baselines/test_numpyro_baselines.py`` runs it).
 
       >>> import jax, jax.numpy as jnp
       >>> from jaxvb.baselines import numpyro_probit

@@ -3,7 +3,7 @@
 For a :class:`~jaxvb.GaussianMixture` ``q`` the paper's ``s^2 / 2`` (section 4) assumes
 a near-Gaussian residual ``log p - log q``, which a mixture's is not: on the
 beta-binomial posterior it falls well short of the exact KL at one component
-(``tests/test_mixture_diagnostics.py``). :func:`jaxvb.diagnostics.evaluate` takes a
+(``tests/diagnostics/test_mixture_diagnostics.py``). :func:`jaxvb.diagnostics.evaluate` takes a
 mixture's KL and log evidence from here instead.
 """
 
@@ -108,7 +108,7 @@ def mixture_evidence(
         \widehat{KL} = \frac{\sum_i v_i (\log q - \log p)(x_i)}{\sum_i v_i} + \log\hat Z.
 
     Both are exact to rounding where ``p`` is ``q`` times a constant;
-    ``tests/test_mixture_diagnostics.py`` checks them against quadrature on the
+    ``tests/diagnostics/test_mixture_diagnostics.py`` checks them against quadrature on the
     beta-binomial posterior (``K = 1..8``). A ``log_joint`` of ``-inf`` is a weight of
     zero (and a KL of ``inf``, rightly); NaN or ``+inf`` draws are left out and
     counted. Costs ``num_draws`` more evaluations of ``log_joint``.

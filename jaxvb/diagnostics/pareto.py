@@ -8,7 +8,7 @@ fitted shape k-hat says how far the ratios' tail can be trusted (k-hat < 0.7: th
 smoothed estimates are reliable; above 0.7 their error falls with ``n`` only slowly).
 
 Why written here and not taken from ArviZ: it runs inside the compiled fit (under
-``jit`` and ``vmap``), where ArviZ's NumPy code cannot; ``tests/test_psis.py`` checks it
+``jit`` and ``vmap``), where ArviZ's NumPy code cannot; ``tests/diagnostics/test_psis.py`` checks it
 against ArviZ's ``psislw``.
 """
 
@@ -95,7 +95,7 @@ def psis(log_ratios: jax.Array, reff: float = 1.0) -> PSIS:
       reff: relative efficiency of the draws (1 for independent draws, as from ``q``).
 
     Returns:
-      :class:`PSIS`. Agrees with ArviZ's ``psislw`` (``tests/test_psis.py``).
+      :class:`PSIS`. Agrees with ArviZ's ``psislw`` (``tests/diagnostics/test_psis.py``).
 
     Example:
       Ratios of ``N(0, 1)`` to draws of ``N(0, 1.1^2)``: a light tail, k-hat below 0:

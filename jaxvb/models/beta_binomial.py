@@ -15,7 +15,7 @@ cancel catastrophically for large ``K``: in float64 the log joint loses all its 
 by ``log K = 60`` (the ``lgamma`` values reach 1e26 there), which a draw in the tail of
 a wide approximation reaches, and one such draw ruins the diagnostics' variance. Above ``c = 1e5`` the difference is taken from Stirling's series
 in a form without cancellation; the log joint is then within 2e-9 of a 60-digit
-reference for ``log K`` from -3 to 60 (``tests/test_mixture_diagnostics.py``). In
+reference for ``log K`` from -3 to 60 (``tests/diagnostics/test_mixture_diagnostics.py``). In
 float32 the ``betaln`` form is kept (its float32 value is the more accurate below
 ``log K ~ 15``, which is where the posterior is).
 """

@@ -337,7 +337,7 @@ class SVFit:
 
     Example:
       Not run as a doctest (the fit is slow to compile;
-      ``tests/test_stochastic_volatility.py`` runs it):
+      ``tests/latent/test_stochastic_volatility.py`` runs it):
 
       >>> import jax, jaxvb
       >>> from jaxvb.models import stochastic_volatility as sv

@@ -5,7 +5,7 @@ of operations in a method, or of what the engine averages would move the answer 
 Monte Carlo error, ~1e-2, not by rounding). The values were recorded by running this
 file as a script before the engine was rewritten (issue 14)::
 
-    python tests/test_golden.py --write
+    python tests/core/test_golden.py --write
 
 and re-recorded once since, on purpose, when the families' normal noise moved from
 ``jax.random.normal`` to :func:`jaxvb._random.normal` (Box-Muller: the same law, other
@@ -53,7 +53,7 @@ import jaxvb  # noqa: E402
 from jaxvb.models import beta_binomial, eight_schools, probit  # noqa: E402
 from jaxvb.models import stochastic_volatility as sv  # noqa: E402
 
-GOLDEN = Path(__file__).parent / "data" / "golden.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden.json"
 RTOL = 1e-7
 ATOL = 1e-9  # far below a changed stream's ~1e-3
 

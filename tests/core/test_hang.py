@@ -97,7 +97,7 @@ def _gp_model(x, y):
 
 
 def _gp_fit(seed: int) -> int:
-    """The reproducer: one fit, as ``python tests/test_hang.py SEED`` runs it."""
+    """The reproducer: one fit, as ``python tests/core/test_hang.py SEED`` runs it."""
     import jaxvb.numpyro
 
     x, y = _gp_data()
@@ -119,7 +119,7 @@ def test_gaussian_process_fits_at_once_all_return():
     # handler stack is global, so fits in threads of one process would trace each
     # other's models.
     pytest.importorskip("numpyro")
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     env = env_with_xla_schedule(PYTHONPATH=os.pathsep.join([str(root), *sys.path]))
     procs = [
         subprocess.Popen(

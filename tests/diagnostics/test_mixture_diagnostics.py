@@ -21,7 +21,7 @@ import jaxvb
 from jaxvb import data
 from jaxvb.models import beta_binomial
 
-LOG_Z = -570.7086105  # tests/test_mixture.py: a 4x finer grid's value
+LOG_Z = -570.7086105  # tests/methods/test_mixture.py: a 4x finer grid's value
 COMPONENTS = (1, 2, 4, 8)
 
 

@@ -21,7 +21,7 @@ import jaxvb
 from jaxvb.families._base import build
 from jaxvb.families.gaussian import precision_factor, solve_precision
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOL = dict(rtol=1e-11, atol=1e-12)
 
 
