@@ -35,7 +35,11 @@ from jaxvb import _platform  # imports jax, which reads XLA_FLAGS only when firs
 # other's models by name (test_float32 uses test_fit's and test_latent's), so every
 # folder is on the path, as pytest puts a test module's own.
 for _folder in sorted(Path(__file__).resolve().parent.iterdir()):
-    if _folder.is_dir() and not _folder.name.startswith((".", "_")) and _folder.name != "data":
+    if (
+        _folder.is_dir()
+        and not _folder.name.startswith((".", "_"))
+        and _folder.name != "data"
+    ):
         sys.path.insert(0, str(_folder))
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

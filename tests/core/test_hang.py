@@ -23,8 +23,8 @@ from helpers import env_with_xla_schedule
 
 import jaxvb
 from jaxvb._gamma import _MAX_ROUNDS, log_standard_gamma
-from jaxvb.core.start import _find_mode
 from jaxvb.baselines.vbem_probit import vbem
+from jaxvb.core.start import _find_mode
 
 
 @pytest.mark.slow

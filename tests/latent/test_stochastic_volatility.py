@@ -34,7 +34,9 @@ def slow(test):
 
 
 TRUE = {"phi": 0.95, "s2": 0.05, "beta": 0.7}
-NUTS = json.loads((Path(__file__).resolve().parents[1] / "data" / "sv_nuts.json").read_text())
+NUTS = json.loads(
+    (Path(__file__).resolve().parents[1] / "data" / "sv_nuts.json").read_text()
+)
 
 
 # The paper's fit (~1-2 min with its compilation) once, on one worker.
