@@ -1,6 +1,6 @@
 """Algorithm 2 from a new user's start and from the Laplace start, on four real posteriors.
 
-Issue 3: started at ``Gaussian(0, I)`` the Hessian method must return an accurate
+Started at ``Gaussian(0, I)`` the Hessian method must return an accurate
 result or a flagged one that says what to do -- never a silent NaN -- and started at a
 point ``x0`` (the Laplace approximation there) it must be accurate. The models
 (``jaxvb.models``): a flat-prior regression on the raw NIST Longley design (posterior

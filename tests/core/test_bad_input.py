@@ -76,7 +76,7 @@ def test_nonfinite_log_density_is_flagged_under_jit_and_vmap():
 
 @pytest.mark.slow
 def test_a_log_density_nonfinite_everywhere_reports_no_diagnostics():
-    """Issue 16, reproducer 5: NaN at every draw is flagged, and the diagnostics are
+    """NaN at every draw is flagged, and the diagnostics are
     NaN (not an ELBO of 0 and an R^2 of 1, a perfect fit to a reader), also under
     jit and vmap."""
     nowhere = lambda x: jnp.nan * jnp.sum(x)  # noqa: E731
@@ -94,7 +94,7 @@ def test_a_log_density_nonfinite_everywhere_reports_no_diagnostics():
 @pytest.mark.slow  # (test_float32 keeps the 1e6 case in the fast tier)
 @pytest.mark.parametrize("constant", [1e5, 1e6])
 def test_a_large_constant_in_log_p_changes_nothing(constant):
-    """Issue 16, reproducer 1: ``log p = -1e6 - |x - 1|^2 / (2 * 0.25)`` in float32.
+    """``log p = -1e6 - |x - 1|^2 / (2 * 0.25)`` in float32.
     The regression's statistics lost the O(1) variation of log p to cancellation
     against the intercept (mean [0.48, 0.91] for [1, 1], status 0); fit now regresses
     log p minus a fixed offset. What is left is float32's rounding of log p itself
@@ -113,7 +113,7 @@ def test_a_large_constant_in_log_p_changes_nothing(constant):
 
 @pytest.mark.slow
 def test_gamma_draws_stay_positive_in_float32():
-    """Issue 16, reproducer 6: Gamma(0.05, 1) draws fell below float32's smallest
+    """Gamma(0.05, 1) draws fell below float32's smallest
     normal number (1 in 80) and rounded to 0, where log p is -inf: the fit was flagged
     and told the user to "use Gamma". Draws now stay in (0, inf), and the exact target
     is recovered to float32 round-off; its evidence is log Gamma(0.05)."""
@@ -133,7 +133,7 @@ def test_gamma_draws_stay_positive_in_float32():
 
 
 def test_half_precision_families_and_a_traced_step_size_of_zero():
-    """Issue 16, reproducer 10: float16 parameters are refused when the family is
+    """Float16 parameters are refused when the family is
     built, by name (not JAX's "unsupported in linalg"); a step size of 0 that arrives
     traced (so ``fit`` cannot refuse it) leaves q at q0's one-step update, which the
     convergence check flags on a non-Gaussian target."""
@@ -163,7 +163,7 @@ def test_explain_names_a_batch_and_reads_one_of_its_fits():
 
 @pytest.mark.slow
 def test_keys_and_empty_models_get_clear_errors():
-    """Issue 16, reproducer 10: wrong key types and dimension 0 are named up front (not
+    """Wrong key types and dimension 0 are named up front (not
     a raw JAX error, not a ZeroDivisionError after the whole fit)."""
     with pytest.raises(TypeError, match=r"key must be one JAX random key.*got int"):
         jaxvb.fit(good, Q0, 0, num_steps=10)
@@ -179,7 +179,7 @@ def test_keys_and_empty_models_get_clear_errors():
 
 @pytest.mark.slow
 def test_float32_data_in_a_float64_session_starts_from_laplace():
-    """Issue 16, reproducer 3: a logistic regression with N = 20,000 float32 rows, started
+    """A logistic regression with N = 20,000 float32 rows, started
     from float64 zeros. log p is rounded to float32 (~1e-3 at -9500), so the search's
     last gains are below its rounding: it stalled (tol 1e-6, "increase max_iter"). Now
     a search stalled within 0.01 sd of the mode starts the fit, and laplace's message
@@ -203,7 +203,7 @@ def test_float32_data_in_a_float64_session_starts_from_laplace():
 
 @pytest.mark.slow
 def test_a_q0_with_fewer_dimensions_than_the_model_reads_is_an_error():
-    """Issue 16, reproducer 2: log_joint reads x[0] and x[1] but q0 is 1-D. JAX clamps
+    """Log_joint reads x[0] and x[1] but q0 is 1-D. JAX clamps
     x[1] to x[0] and the fit was of another model, with status 0. Constant indices
     (ints, negative ints, constant index arrays, inside a jit) are checked against the
     shapes they read; jnp.take's explicit clip mode is left alone."""
@@ -234,7 +234,7 @@ def test_a_q0_with_fewer_dimensions_than_the_model_reads_is_an_error():
 
 @pytest.mark.slow
 def test_a_negative_r_squared_is_flagged():
-    """Issue 16, reproducer 4: the README's minibatch Poisson fit with 100 steps instead
+    """The README's minibatch Poisson fit with 100 steps instead
     of 2000 (key 1: R^2 -0.15, status was 0) is flagged POOR_FIT, an error; so is one
     whose R^2 is positive but far below what the family reaches."""
     y = jnp.array([3.0, 0.0, 5.0, 2.0, 4.0, 1.0])
@@ -356,7 +356,7 @@ def two_modes(x):
 
 @pytest.mark.slow
 def test_a_mode_the_start_covers_and_q_misses_is_flagged():
-    """Issue 16, reproducer 7: a Gaussian on one of two equal modes is exact there (R^2
+    """A Gaussian on one of two equal modes is exact there (R^2
     1, log evidence log 1/2, status 0 before). The start's draws (its covariance
     widened 4x) reach the other mode: importance sampling from (q + q0) / 2 puts
     log p(y) ~log 2 above q's own

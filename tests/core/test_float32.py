@@ -278,7 +278,7 @@ def test_probit_against_quadrature(probit_quadrature, dtype):
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_laplace_start_of_a_large_logistic_regression(dtype):
-    """Issue 16, reproducer 3 (float32 as its user ran it, x64 off): N = 20,000, from
+    """N = 20,000, from
     zeros. The fit's mean is within O(N^-1/2) = 0.007 sd of the mode plus its Monte
     Carlo error (~0.005 sd); asserted at 0.1 sd of the float64 Laplace mode, the sds
     to 2% of the Laplace sds."""
@@ -313,7 +313,7 @@ def test_laplace_start_of_a_large_logistic_regression(dtype):
 
 @pytest.mark.parametrize("dtype", tiered(list(DTYPES), slow=["f64"]))
 def test_a_large_constant_in_log_p(dtype):
-    """Issue 16, reproducer 1: ``log p = -1e6 - |x - 1|^2 / (2 * 0.25)`` by Algorithm 1.
+    """``log p = -1e6 - |x - 1|^2 / (2 * 0.25)`` by Algorithm 1.
 
     float32 rounds ``log p`` to its ulp at 1e6, 0.0625: an error of sd ``u / sqrt(12)``
     per draw, about 0.018, against a variation of sd 1. The regression over the ~200

@@ -1,4 +1,4 @@
-"""Every fit returns (issue 16, reproducer 9).
+"""Every fit returns.
 
 Each ``while_loop`` of a compiled fit has a hard bound on its iterations that holds when
 every quantity in it is NaN or inf (a loop whose condition compares NaNs can run

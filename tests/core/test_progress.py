@@ -137,7 +137,7 @@ def test_callable_gets_records_under_jit_with_honest_estimates():
 
 @pytest.mark.slow
 def test_a_callback_that_raises_is_a_warning_and_the_fit_is_kept():
-    """Issue 16, reproducer 10: an exception in the callback reached XLA as an INTERNAL
+    """An exception in the callback reached XLA as an INTERNAL
     error and the fit was lost."""
 
     def broken(info):

@@ -1,4 +1,4 @@
-"""The dense Gaussian in precision-factor form (issue 14), and chunked diagnostics.
+"""The dense Gaussian in precision-factor form, and chunked diagnostics.
 
 ``Gaussian`` stores ``mean`` and the upper factor ``U`` of the precision, ``P = U U'``;
 everything else is checked here against the dense formulas it replaces, which would

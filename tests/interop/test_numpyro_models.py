@@ -294,7 +294,7 @@ def test_discrete_latent_site_is_a_clear_error():
 
 @pytest.mark.slow
 def test_improper_uniform_priors_are_fitted():
-    """Issue 16, reproducer 10: ImproperUniform priors (flat, on a constrained support
+    """ImproperUniform priors (flat, on a constrained support
     too) were refused with an empty NotImplementedError. With p(mu, s) flat, mu's
     posterior is symmetric about the sample mean, so the fitted q's mean is there."""
 
