@@ -1,19 +1,14 @@
-"""What jaxvb's own compile settings buy: its CPU options and the compile beside the start.
+"""What jaxvb's own CPU compile options buy, against XLA's defaults.
 
-Two settings of jaxvb touch how its programs compile, and each must pay for itself:
-
-- ``cpu_compile_options`` (``jaxvb/_platform.py``): jaxvb's own programs on the CPU
-  compile with XLA's fusion emitters off and its backend at optimisation level 1,
-  against XLA's defaults (``JAXVB_WORKAROUNDS_OFF=cpu_compile_options``);
-- the fit's program compiled in a thread while the start runs (``_prefetch`` in
-  ``jaxvb/core/fit.py``), against compiling it after the start.
-
-Each variant runs in a fresh process (nothing compiled, no persistent cache), the
-variants taking turns, and times the first call (compile included) and the median of
-the calls after it, ``block_until_ready`` on the result, on three models: a probit
-regression from a Gaussian ``q0`` (no start), the posteriordb ARMA(1, 1) from a point
-(the Laplace start) and a latent-field model from its hyperparameters (the model's own
-start).
+jaxvb's own programs on the CPU compile with XLA's fusion emitters off and its backend
+at optimisation level 1 (``cpu_compile_options`` in ``jaxvb/_platform.py``); with
+``JAXVB_WORKAROUNDS_OFF=cpu_compile_options`` they compile with XLA's defaults, as a
+user's own programs do. Each variant runs in a fresh process (nothing compiled, no
+persistent cache), the variants taking turns, and times the first call (compile
+included) and the median of the calls after it, ``block_until_ready`` on the result,
+on three models: a probit regression from a Gaussian ``q0`` (no start), the
+posteriordb ARMA(1, 1) from a point (the Laplace start) and a latent-field model from
+its hyperparameters (the model's own start).
 
 Usage::
 
@@ -37,7 +32,6 @@ import _common  # noqa: E402
 VARIANTS = {
     "jaxvb": {},  # as users run it
     "xla_defaults": {"JAXVB_WORKAROUNDS_OFF": "cpu_compile_options"},
-    "no_prefetch": {"JAXVB_BENCH_NO_PREFETCH": "1"},
 }
 MODELS = ("probit", "arma11_point", "latent_field")
 
@@ -78,10 +72,7 @@ def _worker(spec: dict) -> None:
 
     jax.config.update("jax_enable_x64", True)
     import jaxvb
-    from jaxvb.core import fit as core_fit
 
-    if os.environ.get("JAXVB_BENCH_NO_PREFETCH"):
-        core_fit._prefetch = lambda *args, **kwargs: None
     log_joint, start, num_steps = _model(spec["model"])
 
     def call(seed):

@@ -13,9 +13,11 @@ off jaxvb's programs compile with XLA's default options, exactly as a user's own
                            Linux, any jaxlib; no upstream fix (raise the cap).
 ``cpu_compile_options``    jaxvb's own programs on the CPU compile with XLA's fusion
                            emitters off and its backend at optimisation level 1 (the
-                           default is 2): quicker to compile, as fast to run
+                           default is 2): a first call that compiles much sooner, and
+                           after compile as fast on some models, slower on others
                            (``benchmarks/xla_options.py`` measures both against XLA's
-                           defaults). Never applied to a program the user compiles.
+                           defaults; switch it off for a long run of one model).
+                           Never applied to a program the user compiles.
 ``ordered_factorisations`` jaxlib 0.10's batched LAPACK kernels (a vmapped Cholesky,
                            triangular solve, ...) block on XLA:CPU's intra-op thread
                            pool; two of them scheduled at once on a machine with as
@@ -195,8 +197,9 @@ def guard_maps(stacklevel: int = 3) -> bool:
 
 #: XLA options for jaxvb's own programs on the CPU: the fusion emitters off (fused loops
 #: emitted the older way) and XLA's backend (LLVM) at optimisation level 1 instead of
-#: the default 2. Both compile sooner at the same speed after compile;
-#: ``benchmarks/xla_options.py`` measures them against XLA's defaults. Probed once: a
+#: the default 2: they compile much sooner, and run after compile as fast on some
+#: models and slower on others; ``benchmarks/xla_options.py`` measures both against
+#: XLA's defaults. Probed once: a
 #: JAX whose XLA lacks an option gets none. An optimisation level set in ``XLA_FLAGS``
 #: (``--xla_backend_optimization_level``) keeps its say: a compiler option would
 #: override it.

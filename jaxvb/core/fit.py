@@ -17,7 +17,6 @@ statistics and how they are estimated. ``fit`` names no family and no method.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
@@ -28,7 +27,7 @@ import numpy as np
 
 from jaxvb import _platform, _static, diagnostics
 from jaxvb._algebra import where_tree
-from jaxvb._platform import after, jit_fast, outside_traces
+from jaxvb._platform import after, jit_fast
 from jaxvb.core import convergence, kernel
 from jaxvb.core import progress as _progress
 from jaxvb.core.result import Result, Trace
@@ -149,7 +148,6 @@ def fit(
         )
     check_key(key)
     laplace_failed = None
-    prefetch = None  # the fit's program compiling beside the start
     fit_options = dict(
         method=method,
         num_steps=num_steps,
@@ -176,7 +174,6 @@ def fit(
             )
         start = getattr(log_joint, "start", None)
         if callable(start):  # a structured model builds its own start
-            prefetch = _prefetch(start, x0, None, key, fit_options)
             log_joint, q0, ok = start(x0)
             laplace_failed = ~ok
         else:
@@ -185,13 +182,6 @@ def fit(
             checked = True  # the Laplace Gaussian has x0's shape and dtype
             if laplace_tol is None:
                 laplace_tol = default_tol(working_dtype(x0.dtype, out))
-            prefetch = _prefetch(
-                lambda x, tol=laplace_tol: _laplace(log_joint, x, tol, max_iter=200)[0],
-                x0,
-                log_joint,
-                key,
-                fit_options,
-            )
             q0, info = _laplace(log_joint, x0, laplace_tol, max_iter=200)
             # a search stalled by log p's rounding within 0.01 sd of the mode is a
             # good enough start
@@ -204,8 +194,6 @@ def fit(
     args, kwargs = _fit_arguments(
         log_joint, q0, key, **dict(fit_options, method=m, step_size=step_size)
     )
-    if prefetch is not None:
-        prefetch.join()  # its program is the one this call would compile
     result = _fit(*args, **kwargs)
     if laplace_failed is not None:
         # int32 on both sides, as the status is (no promotion to int64 under x64)
@@ -229,10 +217,9 @@ def _fit_arguments(
     step_size,
     trace,
     progress,
-    abstract=False,
 ):
-    """``(args, kwargs)`` of ``_fit``; ``abstract``: for a ``q0`` and ``log_joint`` of
-    ``jax.ShapeDtypeStruct`` leaves (from ``jax.eval_shape``), to compile ahead."""
+    """``(args, kwargs)`` of ``_fit``: the arrays it traces and the static settings
+    that key its compiled program."""
     m = resolve(method, q0)
     if step_size is None:
         step_size = 1.0 / math.sqrt(num_steps)
@@ -242,11 +229,8 @@ def _fit_arguments(
     # Half the check's draws must solve the method's statistics, with room to spare.
     if num_check_draws < 4 * m.min_draws(q0):
         num_check_draws = 0
-    arrays, static = _static.partition(log_joint, abstract=abstract)
-    if abstract:
-        w = jax.ShapeDtypeStruct((), q0.dtype)
-    else:
-        w = jnp.asarray(step_size, q0.dtype)
+    arrays, static = _static.partition(log_joint)
+    w = jnp.asarray(step_size, q0.dtype)
     kwargs = dict(
         log_joint=static,
         method=m,
@@ -260,66 +244,6 @@ def _fit_arguments(
         progress=_progress.resolve(progress, int(num_steps)),
     )
     return (arrays, q0, key, w), kwargs
-
-
-def _prefetch(start, x0, log_joint, key, options):
-    """The fit's program compiled in a thread while the start (``start(x0)``: the
-    Laplace search, a model's own start) compiles and runs. Only the start's output
-    shapes decide the program: they come from ``jax.eval_shape`` and the program is
-    traced and lowered here, in the calling thread (a model's code, NumPyro's handler
-    stack among it, is never traced in two threads at once); the thread runs XLA's
-    compile alone, which does not hold the GIL, so on two cores the start's compile
-    and run hide behind it. ``None`` where it does not apply (inside a trace, an
-    abstract ``x0``, a call whose checks will raise); any error here leaves the call
-    to compile, and report, as it would have."""
-    if not outside_traces() or not is_concrete(x0) or not is_concrete(key):
-        return None
-    valid = (
-        isinstance(options["num_steps"], (int, np.integer))
-        and options["num_steps"] >= 2
-        and isinstance(options["num_eval_draws"], (int, np.integer))
-        and options["num_eval_draws"] >= 2
-    )
-    if not valid:
-        return None
-    done = _static.signature(
-        log_joint if log_joint is not None else getattr(start, "__self__", start),
-        x0,
-        key,
-        tuple(sorted(options.items())),
-    )
-    if done is not None and done in _PREFETCHED:
-        return None  # compiled by an earlier call: even lowering it again costs
-    try:
-        if log_joint is None:  # the start returns (log_joint, q0, ok)
-            model, q0, _ = jax.eval_shape(start, x0)
-        else:
-            model, q0 = log_joint, jax.eval_shape(start, x0)
-        validate(q0, key, options, abstract=True)  # raises where the call will
-        args, kwargs = _fit_arguments(model, q0, key, **options, abstract=True)
-        if log_joint is not None:
-            args = (_static.partition(model)[0],) + args[1:]
-        lowered = _fit.lower(*args, **kwargs)
-    except Exception:  # noqa: BLE001 (the call compiles, and reports, itself)
-        return None
-
-    def work():
-        try:
-            lowered.compile()
-        except Exception:  # noqa: BLE001
-            pass
-
-    thread = threading.Thread(target=work, name="jaxvb-compile", daemon=True)
-    thread.start()
-    if done is not None:
-        if len(_PREFETCHED) >= 256:
-            _PREFETCHED.clear()
-        _PREFETCHED.add(done)
-    return thread
-
-
-#: Signatures of the calls whose program :func:`_prefetch` compiled.
-_PREFETCHED: set = set()
 
 
 def _wide_start(q0):

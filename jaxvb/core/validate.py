@@ -1,6 +1,4 @@
-"""``fit``'s checks of its arguments, written once: ``fit`` calls them before it
-compiles, and the compile it starts beside a start (``_prefetch``) asks them whether
-the call will raise."""
+"""``fit``'s checks of its arguments, written once, run before anything compiles."""
 
 from __future__ import annotations
 
@@ -75,12 +73,9 @@ def check_key(key) -> None:
     )
 
 
-def validate(q0, key, options: dict, *, abstract: bool = False) -> tuple[Method, float]:
+def validate(q0, key, options: dict) -> tuple[Method, float]:
     """``(method, step_size)`` for a fit from ``q0`` with ``options`` (``fit``'s
     keyword arguments), or a clear error naming the argument and the remedy.
-
-    ``abstract``: ``q0`` has ``jax.ShapeDtypeStruct`` leaves (from ``jax.eval_shape``
-    of a start); what needs its values is not checked.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxvb
@@ -138,7 +133,7 @@ def validate(q0, key, options: dict, *, abstract: bool = False) -> tuple[Method,
             f"{needed} unknowns needs at least {needed}. Use num_steps >= {least} (the "
             "paper's 2(k + 1) with one draw per step), or more draws per step."
         )
-    if antithetic and not abstract:  # traced: raises where the family has no antithetic
+    if antithetic:  # traced only: raises where the family has no antithetic
         jax.eval_shape(lambda k: q0.antithetic(q0.noise(k)), key)
     if step_size is None:
         step_size = 1.0 / math.sqrt(num_steps)
