@@ -132,6 +132,9 @@ def main(argv=None) -> int:
             }
             for variant, rows in by_variant.items()
         }
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # as the workers run (the record says)
     report = dict(
         experiment="xla_options",
         environment=_common.environment(),
