@@ -312,9 +312,6 @@ def jit_fast(
         return (compiled() if outside_traces() else nested)(*args, **kwargs)
 
     call._cache_size = lambda: compiled()._cache_size()  # for the tests' counts
-    # ahead of time, outside traces: the compiled program lands in the same cache as a
-    # call's (a later call with the same signature does not compile again)
-    call.lower = lambda *args, **kwargs: compiled().lower(*args, **kwargs)
     return call
 
 
