@@ -631,6 +631,8 @@ COLUMNS = ("experiment", "measured", "jaxvb", "reference", "target", "met")
 
 
 def _table_lines(rows, columns=COLUMNS) -> list[str]:
+    if columns[0] == "experiment" and len({r["experiment"] for r in rows}) == 1:
+        columns = columns[1:]  # one experiment: the page's title names it
     lines = [
         "| " + " | ".join(columns) + " |",
         "|" + "---|" * len(columns),
@@ -1006,6 +1008,14 @@ def _settings_lines(settings: dict) -> list[str]:
     return ["| setting | value |", "|---|---|", *rows] if rows else []
 
 
+def page(name: str, results: Path = RESULTS, figures: bool = True) -> str:
+    """The Markdown page of the benchmark ``name`` (a script's stem), from its results:
+    what the documentation shows and the notebooks display (there without the figures,
+    which they draw themselves)."""
+    found = pages(results)[name]
+    return benchmark_page(name, found if figures else found._replace(figures=()), results)
+
+
 def benchmark_page(name: str, page: Page, results: Path = RESULTS) -> str:
     """The Markdown page of one benchmark, from its results."""
     section = next((s for s in SECTIONS if s.__name__ == name), None)
@@ -1034,8 +1044,7 @@ def benchmark_page(name: str, page: Page, results: Path = RESULTS) -> str:
         "",
     ]
     if section is not None:
-        columns = COLUMNS[1:]
-        lines += ["## Headline results", "", *_table_lines(section(results), columns), ""]
+        lines += ["## Headline results", "", *_table_lines(section(results)), ""]
     if page.details is not None:
         lines += ["## Details", "", *page.details(results), ""]
     if page.figures:
@@ -1081,7 +1090,7 @@ def docs_pages(results: Path = RESULTS) -> dict[str, str | Path]:
     for name, page in every.items():
         index += [f"## [{page.title}]({name}.md)", "", page.intro, ""]
         if name in sections:
-            index += [*_table_lines(sections[name](results), COLUMNS[1:]), ""]
+            index += [*_table_lines(sections[name](results)), ""]
     out["benchmarks/index.md"] = "\n".join(index)
     for name, page in every.items():
         out[f"benchmarks/{name}.md"] = benchmark_page(name, page, results)
