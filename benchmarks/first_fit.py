@@ -1,38 +1,17 @@
 """First-fit latency: ``jaxvb.fit`` from a start point against NumPyro NUTS, compile included.
 
-A user with one model waits for the first result, compilation included. On posteriors
-from posteriordb (:mod:`jaxvb.models.posteriors`: ARMA(1, 1), a Poisson GLM, the
-capture-recapture model M0, the non-centred eight schools), in one process:
-
-* **jaxvb**: ``jaxvb.fit(log_joint, x0, key, num_steps=1000)`` from ``x0 = 0`` with every
-  default (Laplace start, Algorithm 2, the convergence check, 1000-draw diagnostics):
-  the first call (its compile seconds by program, from JAX's compile events), then the
-  same call with new keys; the fit's program compiled again without its convergence
-  check and with fewer diagnostic draws.
-* **NUTS**: one chain of 1000 warm-up + 1000 draws from the same ``x0``: the first run,
-  then a second run of the same ``MCMC`` object (NumPyro reuses its compiled sampler).
-* **Accuracy**: each method's means and standard deviations against a long NUTS run
-  (4 chains x 5000 draws; ``--quick``: the timed NUTS run), in reference sds.
-* **The compile floor**: ``jit(scan)`` of bare value-and-gradient evaluations (NUTS's
-  need) and of value, gradient and Hessian (Algorithm 2's), compile included.
-* **JAX's persistent compilation cache**: a fresh process's first fit with the cache
-  directory set, cold (empty) then warm, each followed by NUTS's first run there.
-
-Output: ``first_fit.json``.
-
-Usage::
-
-    python benchmarks/first_fit.py            # full run
-    python benchmarks/first_fit.py --quick    # smoke test (one small model), temp dir
+On posteriordb posteriors (:mod:`jaxvb.models.posteriors`: ARMA(1, 1), a Poisson GLM,
+the capture-recapture model M0, the non-centred eight schools), in one process:
+``jaxvb.fit(log_joint, 0, key, num_steps=1000)`` with every default (Laplace start,
+Algorithm 2, the convergence check, the diagnostics) and one NUTS chain of 1000 warm-up
++ 1000 draws from the same point, each one's first call (its compile seconds by
+program) and a call after compile, and each one's means and sds against a long NUTS
+run (4 x 5000 draws). The target: the first fit returns 3x sooner than NUTS's first run.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -54,11 +33,6 @@ FULL = dict(
     nuts=dict(num_warmup=1000, num_samples=1000),
     reference=dict(num_warmup=1000, num_samples=5000, num_chains=4),
     repeats=5,
-    cache=True,
-    variants={
-        "no_check": dict(num_check_draws=0),
-        "no_check_100_eval_draws": dict(num_check_draws=0, num_eval_draws=100),
-    },
 )
 QUICK = dict(
     models=("m0",),
@@ -66,15 +40,13 @@ QUICK = dict(
     nuts=dict(num_warmup=200, num_samples=200),
     reference=None,
     repeats=2,
-    cache=False,
-    variants={},
 )
-#: The target: the first fit returns this many times sooner than NUTS's first run.
 TARGET_SPEEDUP = 3.0
 
 
 def model(name):
-    """``(log_joint, x0)``: the posterior and the unconstrained origin."""
+    """``(log_joint, x0)``: the posterior and the unconstrained origin (a new log
+    joint each call: jaxvb and NUTS compile their own)."""
     factory, dim, _ = posteriors.POSTERIORS[name]
     return factory(), jnp.zeros(dim)
 
@@ -84,39 +56,27 @@ def moments(draws) -> dict:
     return dict(mean=draws.mean(0).tolist(), sd=draws.std(0).tolist())
 
 
+def first_and_after(call, repeats):
+    """``call(0)``'s output, and its seconds (compile included, by program) and the
+    median of ``call(1) .. call(repeats)``'s."""
+    load = common.load_average()
+    with common.compile_log() as log:
+        out, first = common.timed(call, 0)
+    run = common.time_calls(call, lambda i: (i + 1,), repeats)["median_s"]
+    timing = dict(first_call_s=round(first, 3), run_s=round(run, 4))
+    return out, dict(timing, **common.compile_summary(log), load_average_1min=load)
+
+
 def run_jaxvb(name, settings, seed) -> dict:
     log_joint, x0 = model(name)
 
-    def call(i, **options):
-        return jaxvb.fit(
-            log_joint,
-            x0,
-            jax.random.key(seed + i),
-            num_steps=settings["num_steps"],
-            **options,
-        )
+    def fit(i):
+        key = jax.random.key(seed + i)
+        return jaxvb.fit(log_joint, x0, key, num_steps=settings["num_steps"])
 
-    load = common.load_average()
-    with common.compile_log() as log:
-        res, first = common.timed(call, 0)
-    runs = [common.timed(call, i)[1] for i in range(1, 1 + settings["repeats"])]
-    _, laplace_run = common.timed(jaxvb.laplace, log_joint, x0)
-    # What the fit's own program costs to compile without its convergence check, and
-    # with fewer diagnostic draws (the Laplace start is compiled by now).
-    variants = {}
-    for label, options in settings["variants"].items():
-        with common.compile_log() as vlog:
-            _, vfirst = common.timed(lambda o=options: call(0, **o))
-        variants[label] = dict(
-            options=options, first_call_s=round(vfirst, 3), **common.compile_summary(vlog)
-        )
+    res, timing = first_and_after(fit, settings["repeats"])
     return dict(
-        first_call_s=round(first, 3),
-        run_s=round(statistics.median(runs), 4),
-        laplace_run_s=round(laplace_run, 4),
-        **common.compile_summary(log),
-        fit_variants=variants,
-        load_average_1min=load,
+        timing,
         mean=np.asarray(res.q.mean).tolist(),
         sd=np.sqrt(np.diagonal(np.asarray(res.q.cov))).tolist(),
         r_squared=float(res.r_squared),
@@ -127,56 +87,11 @@ def run_jaxvb(name, settings, seed) -> dict:
 def run_nuts(name, settings, seed) -> dict:
     log_joint, x0 = model(name)
     run = common.nuts(log_joint, **settings["nuts"])
-    load = common.load_average()
-    with common.compile_log() as log:
-        draws, first = common.timed(lambda: run(jax.random.key(seed), x0).get_samples())
-    _, second = common.timed(lambda: run(jax.random.key(seed + 1), x0).get_samples())
-    return dict(
-        first_call_s=round(first, 3),
-        run_s=round(second, 4),
-        **common.compile_summary(log),
-        load_average_1min=load,
-        **moments(draws),
+    # a second run of the same sampler: NumPyro reuses what it compiled
+    draws, timing = first_and_after(
+        lambda i: run(jax.random.key(seed + i), x0).get_samples(), 1
     )
-
-
-def run_floor(name, settings, seed) -> dict:
-    """``jit(scan)`` of ``num_steps`` bare evaluations of the log joint's value and
-    gradient (what NUTS's leapfrog needs), and of value, gradient and Hessian (what
-    Algorithm 2 needs), at random points near ``x0``: no engine built on these
-    derivatives compiles sooner."""
-    log_joint, x0 = model(name)
-
-    def program(order):
-        def body(acc, key):
-            x = x0 + 0.1 * jax.random.normal(key, x0.shape)
-            value, grad = jax.value_and_grad(log_joint)(x)
-            acc = acc + value + jnp.sum(grad)
-            if order == 2:
-                acc = acc + jnp.sum(jax.hessian(log_joint)(x))
-            return acc, None
-
-        def scan(key):
-            keys = jax.random.split(key, settings["num_steps"])
-            return jax.lax.scan(body, jnp.zeros(()), keys)[0]
-
-        return jax.jit(scan)
-
-    out = {}
-    for label, order in (("value_grad", 1), ("value_grad_hessian", 2)):
-        f = program(order)
-        _, first = common.timed(f, jax.random.key(seed))
-        _, run = common.timed(f, jax.random.key(seed + 1))
-        out[label] = dict(first_call_s=round(first, 3), run_s=round(run, 4))
-    return out
-
-
-def run_reference(name, settings, seed) -> dict:
-    log_joint, x0 = model(name)
-    ref = settings["reference"]
-    init = jnp.broadcast_to(x0, (ref["num_chains"], *x0.shape))
-    mcmc = common.nuts(log_joint, **ref)(jax.random.key(seed + 1000), init)
-    return dict(**moments(mcmc.get_samples()), **ref)
+    return dict(timing, **moments(draws))
 
 
 def accuracy(got: dict, ref: dict) -> dict:
@@ -189,72 +104,24 @@ def accuracy(got: dict, ref: dict) -> dict:
     )
 
 
-def worker(spec) -> dict:
-    """A fresh process's first ``jaxvb.fit``, then NUTS's first run (the persistent
-    cache's directory from the environment)."""
-    log_joint, x0 = model(spec["name"])
-    with common.compile_log() as log:
-        _, first = common.timed(
-            lambda: jaxvb.fit(log_joint, x0, jax.random.key(0), num_steps=spec["num_steps"])
-        )
-    run = common.nuts(log_joint, **spec["nuts"])
-    _, nuts_first = common.timed(lambda: run(jax.random.key(0), x0).get_samples())
-    return dict(
-        first_call_s=round(first, 3),
-        **common.compile_summary(log),
-        nuts_first_call_s=round(nuts_first, 3),
-    )
-
-
-def run_cache(name, settings) -> dict:
-    """A new process's first call, with an empty and then a filled persistent cache."""
-    out = {}
-    spec = dict(name=name, num_steps=settings["num_steps"], nuts=settings["nuts"])
-    with tempfile.TemporaryDirectory(prefix="jaxvb_cache_") as cache:
-        env = dict(
-            os.environ,
-            JAX_COMPILATION_CACHE_DIR=cache,
-            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        )
-        for label in ("cold", "warm"):
-            t0 = time.perf_counter()
-            results, error = common.run_worker(__file__, spec, 3600.0, env)
-            out[label] = results[-1] if results else dict(error=error)
-            out[label]["process_s"] = round(time.perf_counter() - t0, 3)
-            out[label]["load_average_1min"] = common.load_average()
-    return out
-
-
 def run_model(name, settings, seed, jaxvb_first: bool) -> dict:
-    """jaxvb and NUTS on one posterior, in the order given; the floor, the reference,
-    each one's accuracy, and the persistent cache's effect."""
-    print(name, flush=True)
+    """jaxvb and NUTS on one posterior, in the order given, and each one's accuracy
+    against the reference (``--quick``: the timed NUTS run)."""
     order = ("jaxvb", "nuts") if jaxvb_first else ("nuts", "jaxvb")
     row = {"order": list(order)}
     for which in order:
         row[which] = (run_jaxvb if which == "jaxvb" else run_nuts)(name, settings, seed)
-    row["floor"] = run_floor(name, settings, seed)
-    if settings["reference"] is not None:
-        ref = run_reference(name, settings, seed)
+    if (ref := settings["reference"]) is not None:
+        log_joint, x0 = model(name)
+        init = jnp.broadcast_to(x0, (ref["num_chains"], *x0.shape))
+        mcmc = common.nuts(log_joint, **ref)(jax.random.key(seed + 1000), init)
+        row["reference"] = dict(**moments(mcmc.get_samples()), **ref)
     else:
-        ref = dict(row["nuts"], note="the timed NUTS run (--quick)")
-    row["reference"] = ref
+        row["reference"] = dict(row["nuts"], note="the timed NUTS run (--quick)")
     for which in ("jaxvb", "nuts"):
-        row[which]["accuracy"] = accuracy(row[which], ref)
-    j, n = row["jaxvb"], row["nuts"]
-    row["speedup_first_call"] = round(n["first_call_s"] / j["first_call_s"], 2)
-    if settings["cache"]:
-        row["persistent_cache"] = cache = run_cache(name, settings)
-        warm = cache["warm"]
-        if "first_call_s" in warm:
-            speedup = warm["nuts_first_call_s"] / warm["first_call_s"]
-            row["speedup_first_call_cached"] = round(speedup, 2)
-    print(
-        f"  jaxvb first {j['first_call_s']:.2f} s (compile {j['compile_s']:.2f} s), "
-        f"after compile {j['run_s']:.3f} s; NUTS first {n['first_call_s']:.2f} s, "
-        f"after compile {n['run_s']:.2f} s; {row['speedup_first_call']}x",
-        flush=True,
-    )
+        row[which]["accuracy"] = accuracy(row[which], row["reference"])
+    speedup = row["nuts"]["first_call_s"] / row["jaxvb"]["first_call_s"]
+    row["speedup_first_call"] = round(speedup, 2)
     return row
 
 
@@ -263,8 +130,6 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="M0 only, short runs")
     parser.add_argument("--models", nargs="*", default=None, help="a subset of models")
     args = parser.parse_args(argv)
-    if args.worker is not None:
-        return common.emit(worker(json.loads(args.worker)))
     settings = dict(QUICK if args.quick else FULL)
     if args.models:
         settings["models"] = tuple(args.models)
@@ -272,31 +137,18 @@ def main(argv=None):
 
     t_start = time.perf_counter()
     environment = common.environment()
-    models = {}
-    for i, name in enumerate(settings["models"]):
-        # Alternate which goes first: the first pays for the small programs both share.
-        models[name] = run_model(name, settings, args.seed, jaxvb_first=i % 2 == 0)
+    # Alternate which goes first: the first pays for the small programs both share.
+    models = {
+        name: run_model(name, settings, args.seed, jaxvb_first=i % 2 == 0)
+        for i, name in enumerate(settings["models"])
+    }
     speedups = [row["speedup_first_call"] for row in models.values()]
-    cached = [
-        r["speedup_first_call_cached"]
-        for r in models.values()
-        if "speedup_first_call_cached" in r
-    ]
     report = dict(
-        description=(
-            "First-fit latency on posteriordb posteriors: jaxvb.fit from a start point "
-            "(Laplace start, Algorithm 2, convergence check, diagnostics), compile "
-            "included, against NumPyro NUTS's first run (one chain, warmup + draws), "
-            "in one process; compile and run reported separately."
-        ),
+        description=__doc__.split("\n\n")[0],
         settings=dict(
+            settings,
             quick=args.quick,
             seed=args.seed,
-            models=list(settings["models"]),
-            num_steps=settings["num_steps"],
-            nuts=settings["nuts"],
-            reference=settings["reference"],
-            repeats=settings["repeats"],
             start="x0 = 0 (the unconstrained origin) for both",
             dtype="float64",
         ),
@@ -306,15 +158,6 @@ def main(argv=None):
             speedup_first_call=TARGET_SPEEDUP,
             models_meeting=sum(s >= TARGET_SPEEDUP for s in speedups),
             min_speedup=min(speedups),
-            # Models where even the bare Hessian scan compiles later than a third of
-            # NUTS's first run: no Hessian-based engine meets the target there.
-            models_under_hessian_floor=sum(
-                row["floor"]["value_grad_hessian"]["first_call_s"]
-                > row["nuts"]["first_call_s"] / TARGET_SPEEDUP
-                for row in models.values()
-            ),
-            models_meeting_with_persistent_cache=sum(c >= TARGET_SPEEDUP for c in cached),
-            min_speedup_with_persistent_cache=min(cached) if cached else None,
         ),
         wall_s=round(time.perf_counter() - t_start, 1),
     )

@@ -1,26 +1,17 @@
 """Peak memory and time of a default fit of a latent Gaussian-process model, d = 102.
 
-Yearly coal-mining disaster counts (the first 100 years of
-:func:`jaxvb.data.coal_mining_disasters`), Poisson with a log rate ``f`` under a
-squared-exponential Gaussian-process prior whose amplitude and length scale are
-parameters too, written as a user would (the 100 x 100 Cholesky of ``K`` inside
-``log_joint``)::
+A Poisson model of the first 100 years of :func:`jaxvb.data.coal_mining_disasters`
+whose log rate ``f`` has a squared-exponential Gaussian-process prior with unknown
+amplitude and length scale, written as a user would (the 100 x 100 Cholesky of ``K``
+inside ``log_joint``)::
 
-    x = (f_1..f_100, log a, log l),   d = 102
-    f ~ N(m, K(a, l)),   K = a^2 exp(-(t - t')^2 / (2 l^2)) + 1e-4 I,
-    y_t ~ Poisson(exp(f_t)),   log a ~ N(0, 1),   log l ~ N(log 10, 0.5^2).
+    x = (f_1..f_100, log a, log l),   f ~ N(m, K(a, l)),   y_t ~ Poisson(exp(f_t)),
+    K = a^2 exp(-(t - t')^2 / (2 l^2)) + 1e-4 I,
+    log a ~ N(0, 1),   log l ~ N(log 10, 0.5^2).
 
-``jaxvb.fit(log_joint, x0, key, num_steps=1000)`` with every default (Laplace start,
-Algorithm 2, the convergence check, 1000 diagnostic draws): the first call (compile
-included), a second call, the process's peak resident memory, and the model's own
-cost per value/gradient/Hessian for comparison with a step.
-
-Output: ``latent_gp_memory.json``.
-
-Usage::
-
-    python benchmarks/latent_gp_memory.py
-    python benchmarks/latent_gp_memory.py --quick  # smoke test (d = 22), temp dir
+``jaxvb.fit(log_joint, x0, key, num_steps=1000)`` with every default: the first call
+(compile included), a second call, the process's peak resident memory, and the model's
+own cost per value/gradient/Hessian for comparison with a step.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Linear scaling of ``jaxvb.linalg`` in the number of time steps T.
 
-The matrix is the paper's stochastic-volatility posterior precision (sec. 6.1): a
-stationary AR(1) prior on T log-volatilities (tridiagonal, ``w = 1``, phi = 0.98,
-sigma^2 = 0.02), Gaussian sites on the diagonal and one dense border column for
-``log beta`` (``k = 1``). For T = 10^3 ... 10^6, after compile (recorded apart):
-
-* ``banded``: ``cholesky_banded`` + ``selected_inverse_banded`` of the T x T block,
-* ``arrowhead``: ``cholesky_arrowhead`` + ``selected_inverse_arrowhead`` of the whole,
-
-each one jitted function, the best of ``--repeats`` calls (the least disturbed by other
-load). The log-log slope of time against T should be ~1; it is also fitted over
-T >= 10^4 only, where the fixed cost of a call no longer dominates.
-
-Output: ``linalg_scaling.json``.
-
-Usage::
-
-    python benchmarks/linalg_scaling.py
-    python benchmarks/linalg_scaling.py --quick    # T <= 10^4, temp dir
+The stochastic volatility posterior's precision (sec. 6.1): an AR(1) prior on T
+log-volatilities (tridiagonal, phi = 0.98, sigma^2 = 0.02), Gaussian sites on the
+diagonal and one dense border for ``log beta``. For T = 10^3 ... 10^6, the best of
+``--repeats`` calls after compile of ``banded`` (Cholesky + selected inverse of the
+T x T band) and ``arrowhead`` (the same of the whole), and the log-log slope of time
+against T, which should be ~1 (also over T >= 10^4, where a call's fixed cost no
+longer dominates).
 """
 
 from __future__ import annotations
@@ -28,6 +17,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+jax.config.update("jax_enable_x64", True)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402
 
@@ -57,37 +47,34 @@ def arrowhead(p):
     return la.selected_inverse_arrowhead(la.cholesky_arrowhead(p))
 
 
+def time_one(fn, arg, t, repeats) -> dict:
+    arg = jax.device_put(arg)
+    compiled, compile_s = common.lower_and_compile(fn, arg)
+    res = jax.block_until_ready(compiled(arg))  # the first call may allocate
+    runs = [common.timed(compiled, arg)[1] for _ in range(repeats)]
+    band = res if isinstance(res, jax.Array) else res.band
+    return dict(
+        T=t,
+        compile_s=compile_s,
+        run_s_min=min(runs),
+        run_s_median=float(np.median(runs)),
+        ns_per_step=1e9 * min(runs) / t,
+        finite=bool(np.all(np.isfinite(np.asarray(band)))),
+    )
+
+
 def main(argv=None):
     parser = common.parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="T <= 10^4 only")
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--float32", action="store_true", help="single precision")
     args = parser.parse_args(argv)
-    jax.config.update("jax_enable_x64", not args.float32)
-    dtype = np.float32 if args.float32 else np.float64
     out = common.output_dir(args, NAME)
 
     rows = {"banded": [], "arrowhead": []}
     for t in QUICK_SIZES if args.quick else SIZES:
-        p = la.Arrowhead(*(x.astype(dtype) for x in sv_precision(t)))
-        for name, fn, arg in (("banded", banded, p.band), ("arrowhead", arrowhead, p)):
-            arg = jax.device_put(arg)
-            compiled, compile_s = common.lower_and_compile(fn, arg)
-            res = jax.block_until_ready(compiled(arg))  # the first call may allocate
-            runs = [common.timed(compiled, arg)[1] for _ in range(args.repeats)]
-            band = res if name == "banded" else res.band
-            rows[name].append(
-                dict(
-                    T=t,
-                    compile_s=compile_s,
-                    run_s_min=min(runs),
-                    run_s_median=float(np.median(runs)),
-                    ns_per_step=1e9 * min(runs) / t,
-                    finite=bool(np.all(np.isfinite(np.asarray(band)))),
-                )
-            )
-            print(f"{name:9s} T={t:>8d}  {1e9 * min(runs) / t:6.1f} ns/step", flush=True)
-
+        p = sv_precision(t)
+        rows["banded"].append(time_one(banded, p.band, t, args.repeats))
+        rows["arrowhead"].append(time_one(arrowhead, p, t, args.repeats))
     slopes = {}
     for name, rs in rows.items():
         ts, secs = [r["T"] for r in rs], [r["run_s_min"] for r in rs]
@@ -100,7 +87,7 @@ def main(argv=None):
             "Wall time after compilation of Cholesky + selected inverse for the SV-shaped "
             "precision (tridiagonal AR(1) + sites, w = 1; arrowhead adds k = 1 border)."
         ),
-        dtype=np.dtype(dtype).name,
+        dtype="float64",
         bandwidth=1,
         border=1,
         repeats=args.repeats,
@@ -109,7 +96,6 @@ def main(argv=None):
         environment=common.environment(),
     )
     common.write_json(out, NAME, report, indent=2)
-    print(slopes)
     return report
 
 

@@ -1,46 +1,25 @@
 """Algorithm 2 from a new user's start and from the Laplace start, on five real posteriors.
 
-What ``jaxvb.fit(..., method="hessian")`` does on
+``jaxvb.fit(..., method="hessian")`` on Longley's flat-prior regression (posterior
+condition number ~2e19), GARCH(1,1) on the GBP/USD returns, the non-centred and the
+centred (no mode) eight schools and a Poisson GP with 112 latent log rates, from
+``Gaussian(0, I)`` and from the Laplace start at ``x0 = 0``, with and without the step
+control, for several numbers of steps and keys. A run is ``accurate`` (no error flag,
+moments within the model's tolerance of the reference), ``flagged`` (an error flag, or
+the Laplace start's ``ValueError``), ``silent_wrong``, ``silent_nan`` or, for the
+centred eight schools without a flag, ``unrated``.
 
-- ``longley``: Gaussian regression with flat priors on the raw NIST Longley design
-  (:mod:`jaxvb.models.flat_regression`; posterior covariance condition number ~2e19);
-- ``garch``: GARCH(1,1) on the paper's GBP/USD returns (:mod:`jaxvb.models.garch`);
-- ``eight_schools_noncentered`` and ``eight_schools_centered``: the hierarchical model
-  with a half-Cauchy scale (the centred one is the funnel, which has no mode);
-- ``latent_gp``: a Poisson GP for the coal-mining disasters, 112 latent log rates,
-
-started from ``Gaussian(0, I)`` and from the point ``x0 = 0`` (the Laplace approximation
-there), with fit's step control (``max_backtracks=8``) and without it (the paper's plain
-iteration), for several numbers of steps and keys. Each run is
-
-- ``accurate``: no error flag, and mean and standard deviations within the model's
-  tolerance of the reference;
-- ``flagged``: an error flag (``Result.ok`` False: among them the fit's own convergence
-  check, ``NOT_CONVERGED``), or a ``ValueError`` from the Laplace start that names the
-  cause;
-- ``silent_wrong``: no error flag but not accurate; ``silent_nan``: no error flag and a
-  NaN in ``q``.
-
-References (``--refs`` writes ``tests/data/robustness_nuts.json``): Longley's is the
-KL-optimal Gaussian, which NIST's certified values give exactly; the others NUTS (4
-chains of 2000 draws after 1000 warm-up, in the non-centred coordinates for the eight
-schools and the whitened ones for the GP, mapped back), with the Monte Carlo errors of
-their means and sds. A model's tolerance is ``gap + 4 * noise`` (largest over
-coordinates; in reference sds for means, relative for sds): ``gap`` is how far the
-KL-optimal Gaussian (a long fit from x0) is from the reference, ``noise`` the spread of
-fits from x0 over other keys combined with the reference's Monte Carlo error.
-
-Output: ``robustness.json``.
-
-Usage::
-
-    python benchmarks/robustness.py --refs   # NUTS references too
-    python benchmarks/robustness.py          # the table, with the stored references
-    python benchmarks/robustness.py --quick  # smoke test, writes to a temp dir
+References: NIST's certified values for Longley (the KL-optimal Gaussian, exactly),
+NUTS for the others (``--refs`` writes ``tests/data/robustness_nuts.json``). A
+tolerance is ``gap + 4 * noise`` (largest over coordinates; in reference sds for means,
+relative for sds): ``gap`` is how far the KL-optimal Gaussian (a long fit from x0) is
+from the reference, ``noise`` the spread of fits over other keys combined with the
+reference's Monte Carlo error.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -77,24 +56,22 @@ def models():
     }
 
 
+def mean_sd(q):
+    return np.asarray(q.mean), np.sqrt(np.abs(np.diagonal(np.asarray(q.cov))))
+
+
 # --- the references ---------------------------------------------------------------------
 
 
-def nuts_draws(log_joint, init, key) -> np.ndarray:
-    """NUTS from ``init`` (one row per chain): draws ``(chains, draws, d)``."""
-    mcmc = common.nuts(log_joint, **NUTS_SETTINGS)(key, init)
-    return np.asarray(mcmc.get_samples(group_by_chain=True))
-
-
 def moments(draws) -> dict:
-    """Mean, sd and their Monte Carlo errors of draws grouped by chain."""
+    """Mean, sd and their Monte Carlo errors of draws ``(chains, draws, d)``."""
     from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
 
     flat = draws.reshape(-1, draws.shape[-1])
     mean, sd = flat.mean(0), flat.std(0, ddof=1)
     ess = np.asarray(effective_sample_size(draws))
     # A normal marginal's sd has standard error sd / sqrt(2 ESS); heavier tails make it
-    # a little larger, which the tests' 4 standard errors absorb.
+    # a little larger, which the tolerances' 4 standard errors absorb.
     return dict(
         mean=mean.tolist(),
         sd=sd.tolist(),
@@ -108,9 +85,14 @@ def moments(draws) -> dict:
 
 
 def nuts_references(seed) -> dict:
-    """NUTS moments of garch, both eight schools and the GP, in the fit's coordinates."""
+    """NUTS moments of garch, both eight schools and the GP, in the fit's coordinates;
+    Longley's from NIST."""
     keys = iter(jax.random.split(jax.random.key(seed), 6))
     chains = NUTS_SETTINGS["num_chains"]
+
+    def draws(log_joint, init):
+        mcmc = common.nuts(log_joint, **NUTS_SETTINGS)(next(keys), init)
+        return np.asarray(mcmc.get_samples(group_by_chain=True))
 
     def overdispersed(log_joint, d):
         q = jaxvb.laplace(log_joint, jnp.zeros(d))
@@ -119,68 +101,66 @@ def nuts_references(seed) -> dict:
 
     out = {}
     lj = garch.gbpusd_log_joint()
-    out["garch"] = moments(nuts_draws(lj, overdispersed(lj, 4), next(keys)))
+    out["garch"] = moments(draws(lj, overdispersed(lj, 4)))
     lj = eight_schools.log_joint_noncentered
-    draws = nuts_draws(lj, overdispersed(lj, 10), next(keys))
-    out["eight_schools_noncentered"] = moments(draws)
-    out["eight_schools_centered"] = moments(np.asarray(eight_schools.to_centered(draws)))
+    eight = draws(lj, overdispersed(lj, 10))
+    out["eight_schools_noncentered"] = moments(eight)
+    out["eight_schools_centered"] = moments(np.asarray(eight_schools.to_centered(eight)))
     # The GP in v = L^{-1} (f - m), the same posterior (log|L| is a constant).
     _, chol, mean = latent_gp.coal_mining()
     lj = latent_gp.coal_mining_log_joint()
-    q = jaxvb.laplace(lj, jnp.full(112, mean))
-    v_mode = jnp.asarray(latent_gp.whiten(q.mean, chol, mean))
-    draws = nuts_draws(
+    v_mode = latent_gp.whiten(jaxvb.laplace(lj, jnp.full(112, mean)).mean, chol, mean)
+    gp = draws(
         lambda v: lj(mean + jnp.asarray(chol) @ v),
-        v_mode + 0.5 * jax.random.normal(next(keys), (chains, 112)),
-        next(keys),
+        jnp.asarray(v_mode) + 0.5 * jax.random.normal(next(keys), (chains, 112)),
     )
-    out["latent_gp"] = moments(np.asarray(latent_gp.unwhiten(draws, chol, mean)))
-    for name, m in out.items():
-        print(f"  {name}: min ESS {m['ess_min']:.0f}, max R-hat {m['rhat_max']:.3f}")
+    out["latent_gp"] = moments(np.asarray(latent_gp.unwhiten(gp, chol, mean)))
+    r = flat_regression.longley_reference()
+    out["longley"] = dict(
+        mean=r.mean.tolist(),
+        sd=r.sd.tolist(),
+        source="NIST StRD certified values (the KL-optimal Gaussian, exactly)",
+    )
     return out
 
 
-def reference(name, refs):
-    """Mean, sd and the reference's Monte Carlo errors (zero for Longley)."""
-    if name == "longley":
-        r = flat_regression.longley_reference()
-        zero = np.zeros_like(r.mean)
-        return dict(mean=r.mean, sd=r.sd, mcse_mean=zero, mcse_sd=zero, source="NIST")
+def reference(refs, name) -> dict:
+    """Mean, sd and their Monte Carlo errors (zero for NIST's exact values)."""
+    zero = [0.0] * len(refs[name]["mean"])
     fields = ("mean", "sd", "mcse_mean", "mcse_sd")
-    return dict({k: np.asarray(refs[name][k]) for k in fields}, source="NUTS")
+    return {k: np.asarray(refs[name].get(k, zero)) for k in fields}
 
 
 # --- the runs --------------------------------------------------------------------------------
 
 
-def one_run(log_joint, d, start, num_steps, max_backtracks, key):
-    q0 = jaxvb.Gaussian(jnp.zeros(d), jnp.eye(d)) if start == "gaussian01" else jnp.zeros(d)
+def one_run(log_joint, q0, num_steps, max_backtracks, key, ref, tol) -> dict:
+    """One fit, timed and classified (``tol`` None: a model without a mode)."""
+    options = dict(num_steps=num_steps, max_backtracks=max_backtracks, on_failure="ignore")
     t = time.perf_counter()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            res = jaxvb.fit(
-                log_joint,
-                q0,
-                key,
-                num_steps=num_steps,
-                max_backtracks=max_backtracks,
-                on_failure="ignore",
-            )
-        jax.block_until_ready(res.q)
+            res = jax.block_until_ready(jaxvb.fit(log_joint, q0, key, **options))
     except ValueError as e:  # the Laplace start refused, with its reason
-        return dict(error=str(e).split(".")[0], seconds=time.perf_counter() - t), None
-    return dict(seconds=time.perf_counter() - t), res
-
-
-def classify(res, ref, tol):
-    if res is None:
-        return "flagged", {}
-    mean, cov = np.asarray(res.q.mean), np.asarray(res.q.cov)
-    nan = bool(np.isnan(mean).any() or np.isnan(cov).any())
-    err_mean = np.abs(mean - ref["mean"]) / ref["sd"]
-    err_sd = np.abs(np.sqrt(np.abs(np.diagonal(cov))) / ref["sd"] - 1.0)
-    info = dict(
+        error = str(e).split(".")[0]
+        return dict(error=error, seconds=time.perf_counter() - t, outcome="flagged")
+    seconds = time.perf_counter() - t
+    mean, sd = mean_sd(res.q)
+    nan = bool(np.isnan(mean).any() or np.isnan(np.asarray(res.q.cov)).any())
+    err_mean, err_sd = np.abs(mean - ref["mean"]) / ref["sd"], np.abs(sd / ref["sd"] - 1)
+    if not bool(res.ok):
+        outcome = "flagged"
+    elif nan:
+        outcome = "silent_nan"
+    elif tol is None:
+        outcome = "unrated"
+    elif np.all(err_mean <= tol["mean"]) and np.all(err_sd <= tol["sd"]):
+        outcome = "accurate"
+    else:
+        outcome = "silent_wrong"
+    return dict(
+        seconds=seconds,
         status=int(res.status),
         message=res.message if int(res.status) else "ok",
         nan=nan,
@@ -189,19 +169,14 @@ def classify(res, ref, tol):
         r_squared=float(res.r_squared),
         num_damped_steps=int(res.num_damped_steps),
         fixed_point_shift=float(res.fixed_point_shift),
+        outcome=outcome,
     )
-    if not bool(res.ok):
-        return "flagged", info
-    if nan:
-        return "silent_nan", info
-    accurate = np.all(err_mean <= tol["mean"]) and np.all(err_sd <= tol["sd"])
-    return ("accurate" if accurate else "silent_wrong"), info
 
 
 def optimal_gaussian_gap(log_joint, d, ref, seed, settings):
     """The optimal Gaussian (a long fit from x0) against the reference, in its sds."""
-    if ref["source"] == "NIST":  # the reference is the optimal Gaussian itself
-        return dict(mean=np.zeros(d), sd=np.zeros(d), status=None)
+    if not ref["mcse_mean"].any():  # NIST's: the optimal Gaussian itself
+        return np.zeros(d), np.zeros(d), None
     long = jaxvb.fit(
         log_joint,
         jnp.zeros(d),
@@ -210,82 +185,66 @@ def optimal_gaussian_gap(log_joint, d, ref, seed, settings):
         num_draws=settings["gap_draws"],
         on_failure="ignore",
     )
-    sd_long = np.sqrt(np.diagonal(np.asarray(long.q.cov)))
-    return dict(
-        mean=np.abs(np.asarray(long.q.mean) - ref["mean"]) / ref["sd"],
-        sd=np.abs(sd_long / ref["sd"] - 1.0),
-        status=int(long.status),
-    )
+    mean, sd = mean_sd(long.q)
+    return np.abs(mean - ref["mean"]) / ref["sd"], np.abs(sd / ref["sd"] - 1), long.status
 
 
-def tolerances(log_joint, d, ref, gap, num_steps, seed, settings):
+def tolerance(log_joint, d, ref, gap, num_steps, seed, settings) -> dict:
     """``gap + 4 * noise`` (the largest over coordinates): ``noise`` is the spread of
     fits from x0 with ``num_steps`` steps over other keys, combined with the reference's
     Monte Carlo error."""
-    runs = [
-        jaxvb.fit(
-            log_joint, jnp.zeros(d), jax.random.key(seed + 100 + i), num_steps=num_steps
+    keys = range(seed + 100, seed + 100 + max(settings["num_keys"], 2))
+    fits = [
+        mean_sd(
+            jaxvb.fit(log_joint, jnp.zeros(d), jax.random.key(k), num_steps=num_steps).q
         )
-        for i in range(max(settings["num_keys"], 2))
+        for k in keys
     ]
-    means = np.stack([np.asarray(r.q.mean) for r in runs])
-    sds = np.stack([np.sqrt(np.diagonal(np.asarray(r.q.cov))) for r in runs])
+    means, sds = (np.stack(m) for m in zip(*fits, strict=True))
     noise_mean = np.hypot(means.std(0, ddof=1), ref["mcse_mean"]) / ref["sd"]
     noise_sd = np.hypot(sds.std(0, ddof=1), ref["mcse_sd"]) / ref["sd"]
+    gap_mean, gap_sd, status = gap
     return dict(
-        mean=float(gap["mean"].max() + 4.0 * noise_mean.max()),
-        sd=float(gap["sd"].max() + 4.0 * noise_sd.max()),
-        gap_mean_max=float(gap["mean"].max()),
-        gap_sd_max=float(gap["sd"].max()),
+        mean=float(gap_mean.max() + 4.0 * noise_mean.max()),
+        sd=float(gap_sd.max() + 4.0 * noise_sd.max()),
+        gap_mean_max=float(gap_mean.max()),
+        gap_sd_max=float(gap_sd.max()),
         noise_mean_max=float(noise_mean.max()),
         noise_sd_max=float(noise_sd.max()),
-        gap_fit_status=gap["status"],
+        gap_fit_status=None if status is None else int(status),
     )
 
 
 def run_table(refs, seed, settings):
     table, tols = [], {}
     for name, (log_joint, d) in models().items():
-        ref = reference(name, refs)
-        # The centred eight schools has no mode, so no Laplace start and no long fit
-        # from x0 to size a tolerance: its runs are "unrated".
+        ref = reference(refs, name)
+        # The centred eight schools has no mode: no Laplace start, and no long fit from
+        # x0 to size a tolerance.
         rated = name != "eight_schools_centered"
-        if rated:
-            gap = optimal_gaussian_gap(log_joint, d, ref, seed, settings)
-            tols[name] = {}
+        gap = optimal_gaussian_gap(log_joint, d, ref, seed, settings) if rated else None
         for n in settings["num_steps"]:
-            tol = dict(mean=np.inf, sd=np.inf)
+            tol = None
             if rated:
-                tol = tols[name][str(n)] = tolerances(
-                    log_joint, d, ref, gap, n, seed, settings
+                tol = tolerance(log_joint, d, ref, gap, n, seed, settings)
+                tols.setdefault(name, {})[str(n)] = tol
+            for start, mb in itertools.product(("gaussian01", "x0"), (8, 0)):
+                q0 = jnp.zeros(d)
+                if start == "gaussian01":
+                    q0 = jaxvb.Gaussian(q0, jnp.eye(d))
+                keys = (
+                    jax.random.key(seed + 1000 * i) for i in range(settings["num_keys"])
                 )
-            for start in ("gaussian01", "x0"):
-                for mb in (8, 0):
-                    rows = []
-                    for i in range(settings["num_keys"]):
-                        key = jax.random.key(seed + 1000 * i)
-                        run, res = one_run(log_joint, d, start, n, mb, key)
-                        outcome, info = classify(res, ref, tol)
-                        if outcome == "accurate" and not rated:
-                            outcome = "unrated"
-                        rows.append(dict(run, **info, outcome=outcome))
-                    counts = {k: sum(r["outcome"] == k for r in rows) for k in OUTCOMES}
-                    table.append(
-                        dict(
-                            model=name,
-                            start=start,
-                            max_backtracks=mb,
-                            num_steps=n,
-                            counts=counts,
-                            seconds_median=float(np.median([r["seconds"] for r in rows])),
-                            runs=rows,
-                        )
+                runs = [one_run(log_joint, q0, n, mb, key, ref, tol) for key in keys]
+                cell = dict(model=name, start=start, max_backtracks=mb, num_steps=n)
+                table.append(
+                    dict(
+                        cell,
+                        counts={k: sum(r["outcome"] == k for r in runs) for k in OUTCOMES},
+                        seconds_median=float(np.median([r["seconds"] for r in runs])),
+                        runs=runs,
                     )
-                    print(
-                        f"  {name:26s} {start:10s} mb={mb} N={n:5d} "
-                        + " ".join(f"{k}={v}" for k, v in counts.items() if v),
-                        flush=True,
-                    )
+                )
     return table, tols
 
 
@@ -300,14 +259,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     environment = common.environment()
     if args.refs:
-        refs = nuts_references(args.seed)
-        r = flat_regression.longley_reference()
-        refs["longley"] = dict(
-            mean=r.mean.tolist(),
-            sd=r.sd.tolist(),
-            source="NIST StRD certified values (the KL-optimal Gaussian, exactly)",
-        )
-        REFS.write_text(json.dumps(refs, indent=1) + "\n")
+        REFS.write_text(json.dumps(nuts_references(args.seed), indent=1) + "\n")
     table, tols = run_table(json.loads(REFS.read_text()), args.seed, settings)
     report = dict(
         description=__doc__.split("\n\n")[0],

@@ -3,17 +3,10 @@
 jaxvb's own programs on the CPU compile with XLA's fusion emitters off and its backend
 at optimisation level 1 (``cpu_compile_options`` in ``jaxvb/_platform.py``); with
 ``JAXVB_WORKAROUNDS_OFF=cpu_compile_options`` they compile with XLA's defaults, as a
-user's own programs do. Each variant runs in a fresh process (nothing compiled, no
-persistent cache), the variants taking turns, and times the first call (compile
-included) and the median of the calls after it, ``block_until_ready`` on the result,
-on three models: a probit regression from a Gaussian ``q0`` (no start), the
-posteriordb ARMA(1, 1) from a point (the Laplace start) and a latent-field model from
-its hyperparameters (the model's own start).
-
-Usage::
-
-    python benchmarks/xla_options.py            # full run: results/xla_options.json
-    python benchmarks/xla_options.py --quick    # one round, one model, a temp dir
+user's own programs do. Each variant runs in a fresh process, the variants taking
+turns, and times the first ``jaxvb.fit`` (compile included) and the median of the calls
+after it, on a probit regression from a Gaussian ``q0``, the posteriordb ARMA(1, 1)
+from a point (the Laplace start) and a latent-field model from its hyperparameters.
 """
 
 from __future__ import annotations
@@ -22,13 +15,19 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+
+jax.config.update("jax_enable_x64", True)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as common  # noqa: E402
 
-import _common  # noqa: E402
+import jaxvb  # noqa: E402
+from jaxvb.models import posteriors, probit  # noqa: E402
 
+NAME = "xla_options"
 VARIANTS = {
     "jaxvb": {},  # as users run it
     "xla_defaults": {"JAXVB_WORKAROUNDS_OFF": "cpu_compile_options"},
@@ -36,14 +35,8 @@ VARIANTS = {
 MODELS = ("probit", "arma11_point", "latent_field")
 
 
-def _model(name):
+def model(name):
     """``(log_joint, start, num_steps)`` of one model."""
-    import jax
-    import jax.numpy as jnp
-
-    import jaxvb
-    from jaxvb.models import posteriors, probit
-
     if name == "probit":
         _, design, y = probit.simulate(jax.random.key(0), num_datasets=1)
         log_joint = jax.tree_util.Partial(probit.log_joint, design=design[0], y=y[0])
@@ -58,73 +51,51 @@ def _model(name):
         band = jnp.zeros((2, 200)).at[0].set(2.0 * tau + 1e-3).at[1, :-1].set(-tau)
         return jnp.zeros(200), jaxvb.linalg.Banded(band)
 
-    model = jaxvb.LatentGaussian(
+    latent = jaxvb.LatentGaussian(
         log_prior=lambda theta: -0.5 * jnp.sum(theta**2),
         prior=prior,
         log_lik=lambda f, y: y * f - jnp.exp(f),
         data=counts,
     )
-    return model, jnp.zeros(1), 500
+    return latent, jnp.zeros(1), 500
 
 
-def _worker(spec: dict) -> None:
-    import jax
-
-    jax.config.update("jax_enable_x64", True)
-    import jaxvb
-
-    log_joint, start, num_steps = _model(spec["model"])
-
-    def call(seed):
-        res = jaxvb.fit(log_joint, start, jax.random.key(seed), num_steps=num_steps)
-        return jax.block_until_ready(res)
-
-    t0 = time.perf_counter()
-    res = call(0)
-    first = time.perf_counter() - t0
-    after = []
-    for seed in range(1, spec["repeats"] + 1):
-        t0 = time.perf_counter()
-        call(seed)
-        after.append(time.perf_counter() - t0)
-    _common.emit(
-        dict(
-            first_call_s=first,
-            after_compile_s=statistics.median(after),
-            status=int(res.status),
-            elbo=float(res.elbo),
-        )
+def worker(spec: dict) -> dict:
+    log_joint, start, num_steps = model(spec["model"])
+    res, timing = common.first_and_after(
+        lambda seed: jaxvb.fit(log_joint, start, jax.random.key(seed), num_steps=num_steps),
+        spec["repeats"],
+    )
+    return dict(
+        first_call_s=timing["first_call_s"],
+        after_compile_s=timing["run"]["median_s"],
+        status=int(res.status),
+        elbo=float(res.elbo),
     )
 
 
-def main(argv=None) -> int:
-    p = _common.parser(__doc__)
+def main(argv=None):
+    p = common.parser(__doc__)
     p.add_argument("--quick", action="store_true", help="one round, the probit only")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     if args.worker:
-        _worker(json.loads(args.worker))
-        return 0
+        return common.emit(worker(json.loads(args.worker)))
     models = MODELS[:1] if args.quick else MODELS
     rounds = 1 if args.quick else args.rounds
     runs = {m: {v: [] for v in VARIANTS} for m in models}
     for r in range(rounds):
-        for model in models:
-            # the variants take turns, in a rotating order, so that a slow spell of the
+        for name in models:
+            # the variants take turns in a rotating order, so that a slow spell of the
             # machine does not fall on one of them
-            order = (
-                list(VARIANTS)[r % len(VARIANTS) :] + list(VARIANTS)[: r % len(VARIANTS)]
-            )
+            order = list(VARIANTS)[r % 2 :] + list(VARIANTS)[: r % 2]
             for variant in order:
                 env = dict(os.environ, **VARIANTS[variant])
-                spec = dict(model=model, repeats=2 if args.quick else 5)
-                payloads, error = _common.run_worker(__file__, spec, 900, env=env)
-                row = payloads[0] if payloads else {"error": error}
-                runs[model][variant].append(row)
-                print(model, variant, row, flush=True)
-    summary = {}
-    for model, by_variant in runs.items():
-        summary[model] = {
+                spec = dict(model=name, repeats=2 if args.quick else 5)
+                payloads, error = common.run_worker(__file__, spec, 900, env=env)
+                runs[name][variant].append(payloads[0] if payloads else {"error": error})
+    median = {
+        name: {
             variant: {
                 key: statistics.median(row[key] for row in rows if key in row)
                 for key in ("first_call_s", "after_compile_s")
@@ -132,20 +103,19 @@ def main(argv=None) -> int:
             }
             for variant, rows in by_variant.items()
         }
-    import jax
-
-    jax.config.update("jax_enable_x64", True)  # as the workers run (the record says)
+        for name, by_variant in runs.items()
+    }
     report = dict(
-        experiment="xla_options",
-        environment=_common.environment(),
+        experiment=NAME,
+        environment=common.environment(),
         rounds=rounds,
         variants={k: v or "as users run it" for k, v in VARIANTS.items()},
         runs=runs,
-        median=summary,
+        median=median,
     )
-    _common.write_json(_common.output_dir(args, "xla_options"), "xla_options", report)
-    return 0
+    common.write_json(common.output_dir(args, NAME), NAME, report)
+    return report
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()
