@@ -1,53 +1,25 @@
 """Latent Gaussian models: ``jaxvb.LatentGaussian`` against NUTS on three public data sets.
 
 Three models with a few hyperparameters ``theta`` and a long latent Gaussian field ``f``
-(``jaxvb.LatentGaussian``: ``q(theta) q(f | theta)``, the exact prior times Gaussian
-sites), each on real data shipped in ``jaxvb.data`` (provenance in
-``jaxvb/data/README.md``):
+(``q(theta) q(f | theta)``: the exact prior times Gaussian sites), on data shipped in
+``jaxvb.data`` (provenance in ``jaxvb/data/README.md``):
 
-* ``sv_sp500``: stochastic volatility (Kim, Shephard & Chib 1998; the paper's priors) on
-  the last 2500 daily % log-returns of the S&P 500, demeaned; ``f_t = h_t`` the
-  log-variance, an AR(1) prior (tridiagonal precision); ``theta = (logit((phi+1)/2),
-  log s2, mu = 2 log beta)``. jaxvb fits it with the library's SV model
-  (:mod:`jaxvb.models.stochastic_volatility`: ``mu`` in the field, the paper's Beta and
-  conditional Inverse-Gamma ``q(theta)``).
-* ``lgcp_brambles``: a log-Gaussian Cox process for the 823 bramble canes of Hutchings
-  (1979) / Diggle (1983) on a 20 x 20 grid: ``beta0`` plus a Matern-like GMRF (the
-  lattice SPDE with ``alpha = 2``), banded precision (``w = 40``); ``theta = (beta0, log
-  sigma, log rho)``, jaxvb fitting ``beta0`` as a fixed effect in the field.
-* ``glmm_baseball``: a binomial logit-normal random-intercept GLMM for the hits in times
-  at bat of 322 hitters in 1986, ``f_j ~ N(beta0 + beta1 x_j, tau^2)`` (diagonal
-  precision); ``theta = (beta0, beta1, log tau)``.
+* ``sv_sp500``: stochastic volatility (the priors of Kim, Shephard & Chib 1998) of the last
+  2500 daily S&P 500 returns, an AR(1) log-variance (tridiagonal precision), fitted with
+  :mod:`jaxvb.models.stochastic_volatility`;
+* ``lgcp_brambles``: a log-Gaussian Cox process of 823 bramble canes on a 20 x 20 grid, a
+  lattice-SPDE GMRF (banded precision, ``w = 40``);
+* ``glmm_baseball``: a binomial random-intercept GLMM of 322 hitters' 1986 batting.
 
-For each, in one process: **jaxvb** ``jaxvb.fit(model, theta0, key)`` with the default
-diagnostics and without, the first call (compile included) and calls with new keys
-after compile; **accuracy** of those fits (10000 draws of each ``q``) and of the
-importance-corrected draws against the stored reference; **NUTS** (500 warm-up + 1000
-draws, one chain) on the same log joint from the Laplace start's point, its first and
-second run; **the plain dense fit** ``jaxvb.fit(log_joint, x0, key)`` over all ``k + T``
-coordinates, in a process stopped after a time limit. Then the **scaling** of the banded
-case: SV fits of simulated series of length T = 10^3 .. 10^6 after compile (at the
-largest T, one call: its first call less JAX's compile seconds).
-
-**References** (``tests/data/latent_<model>_nuts.json``, written by ``--refs``): 4
-chains x (1000 warm-up + 5000 draws) of NUTS in the non-centred parametrisation
-``f = m(theta) + Q(theta)^{-1/2} z``.
-
-Outputs: ``latent_gaussian.json``, ``latent_gaussian_figures.json`` (densities and latent
-bands of the first accuracy fits), ``latent_gaussian_accuracy.png`` and
-``latent_gaussian_speed.png``; ``notebooks/latent_gaussian.ipynb`` draws the stored
-files with :func:`plot_accuracy`, :func:`plot_speed` and :func:`print_summary`.
-
-Usage::
-
-    python benchmarks/latent_gaussian.py            # full run
-    python benchmarks/latent_gaussian.py --quick    # smoke test: the GLMM only
-    python benchmarks/latent_gaussian.py --refs     # and new NUTS references
+Per model, in one process: the default fit with and without diagnostics (first call, and
+calls with new keys after compile); the accuracy of its draws and of the importance-
+corrected draws against long NUTS references (``tests/data/latent_<model>_nuts.json``:
+4 x 5000 draws, non-centred, rewritten by ``--refs``); NUTS (500 + 1000) on the same log
+joint. Then the SV fit's time against the length T = 10^3 .. 10^6 of simulated series.
 """
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import sys
@@ -68,34 +40,23 @@ import jaxvb  # noqa: E402
 import jaxvb.data  # noqa: E402
 from jaxvb import linalg  # noqa: E402
 from jaxvb.linalg import Arrowhead, Banded  # noqa: E402
+from jaxvb.models import stochastic_volatility as sv  # noqa: E402
 
 NAME = "latent_gaussian"
 REFERENCES = common.ROOT / "tests" / "data"
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
-# --- the three models ---------------------------------------------------------------------
-
-
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """One latent Gaussian model on one data set, and how it is reported.
+    """One model on one data set.
 
-    Attributes:
-      name, title: the key in the results (and the reference's file name); one line.
-      model, theta0: the reference's :class:`jaxvb.LatentGaussian` and its start.
-      theta_names: names of the unconstrained hyperparameters ``theta``.
-      natural: ``theta (n, k) -> {name: (n,)}``, the hyperparameters as reported.
-      latent, data: what ``f`` is and where the data come from, in words.
-      to_f: ``(theta, z) -> f`` for the non-centred reference, where a faster one than
-        the generic :func:`noncentred` exists.
-      fit_model, fit_theta0, to_reference: the model jaxvb fits, where it is not
-        ``model``: the same posterior with the fixed effects last in the field (a
-        ``design``, an arrowhead prior); its start; and ``(theta, f) -> (theta, f)``,
-        its draws in ``model``'s layout.
-      fit_fn: ``(key, num_steps, **options) -> result`` where jaxvb's fit is not
-        ``jaxvb.fit(fit_model, fit_theta0, ...)``; its ``sample`` gives draws in
-        ``fit_model``'s layout.
+    ``model`` at ``theta0`` is the reference's posterior, ``natural`` maps ``theta (n,
+    k)`` to the reported hyperparameters ``{name: (n,)}``. Where given, jaxvb fits
+    ``fit_model`` from ``fit_theta0`` (the same posterior with the fixed effects last in
+    the field), whose draws ``to_reference`` maps to ``model``'s layout; ``fit_fn(key,
+    num_steps=, **options)`` and ``sample_fn(result, key, n)`` replace ``jaxvb.fit`` and
+    ``Result.sample``; ``to_f(theta, z)`` replaces :func:`noncentred`'s map.
     """
 
     name: str
@@ -111,6 +72,7 @@ class Problem:
     fit_theta0: jax.Array | None = None
     to_reference: Callable | None = None
     fit_fn: Callable | None = None
+    sample_fn: Callable | None = None
 
     @property
     def num_latent(self) -> int:
@@ -118,16 +80,14 @@ class Problem:
 
     @property
     def jaxvb_model(self) -> tuple[jaxvb.LatentGaussian, jax.Array]:
-        """``(model, theta0)`` of the jaxvb fit."""
         if self.fit_model is None:
             return self.model, self.theta0
         return self.fit_model, self.fit_theta0
 
     def reference_draws(self, theta, f):
         """jaxvb's draws ``(theta, f)`` in ``model``'s layout."""
-        if self.to_reference is None:
-            return theta, f
-        theta, f = self.to_reference(jnp.asarray(theta), jnp.asarray(f))
+        if self.to_reference is not None:
+            theta, f = self.to_reference(jnp.asarray(theta), jnp.asarray(f))
         return np.asarray(theta), np.asarray(f)
 
     @property
@@ -135,15 +95,22 @@ class Problem:
         return REFERENCES / f"latent_{self.name}_nuts.json"
 
 
-# Stochastic volatility: y_t ~ N(0, exp(h_t)), h = mu + v, v an AR(1) with coefficient
-# phi and innovation variance s2, stationary start; (phi + 1)/2 ~ Beta(20, 1.5), s2 ~
+def _level_last(theta, f, at: int):
+    """Draws of a fixed-effects model as the reference model's: the field's last value
+    (the level) back among the hyperparameters at ``at``, ``f`` the linear predictor."""
+    level = f[:, -1:]
+    return jnp.concatenate([theta[:, :at], level, theta[:, at:]], axis=1), f[:, :-1] + level
+
+
+# Stochastic volatility: y_t ~ N(0, exp(h_t)), h = mu + v, v an AR(1) with coefficient phi
+# and innovation variance s2, stationary start; (phi + 1)/2 ~ Beta(20, 1.5), s2 ~
 # Inv-Gamma(5, 0.25), a flat prior on mu = 2 log beta.
 
 
 def _sv_log_prior(theta):
+    """The priors of ``u = (phi + 1)/2 = sigmoid(theta_0)`` and ``s2 = exp(theta_1)``,
+    with their Jacobians."""
     u = jax.nn.sigmoid(theta[0])
-    # Beta(20, 1.5) on u and Inv-Gamma(5, 0.25) on s2, with the Jacobians of
-    # u = sigmoid(theta_0) and s2 = exp(theta_1)
     lp_u = 20.0 * jnp.log(u) + 1.5 * jnp.log1p(-u) - betaln(20.0, 1.5)
     lp_s2 = -5.0 * theta[1] - 0.25 / jnp.exp(theta[1]) + 5.0 * math.log(0.25) - gammaln(5.0)
     return lp_u + lp_s2
@@ -163,8 +130,8 @@ def _sv_prior(theta, T):
 
 
 def _sv_fixed_prior(theta, T):
-    """``p(v, mu | theta)``: the AR(1) and a flat ``mu`` (a zero corner), with the
-    AR(1)'s log normaliser."""
+    """``p(v, mu | theta)``: the AR(1) and a flat ``mu`` (a zero corner), with the AR(1)'s
+    log normaliser."""
     band, log_1m_phi2 = _sv_ar1_band(theta, T)
     log_norm = 0.5 * (log_1m_phi2 - T * theta[1] - T * _LOG_2PI)
     return jnp.zeros(T + 1), Arrowhead(band, jnp.zeros((T, 1)), jnp.zeros((1, 1))), log_norm
@@ -200,48 +167,25 @@ def sv_model(y, mu_in_field: bool = False) -> tuple[jaxvb.LatentGaussian, jax.Ar
     return model, jnp.array(theta0)
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["fit"], meta_fields=[])
-@dataclasses.dataclass(frozen=True)
-class SVPaperFit:
-    """:func:`jaxvb.models.stochastic_volatility.fit`'s result, its draws in the layout of
-    :func:`sv_model` with ``mu_in_field``; every other field reads through to the
-    :class:`jaxvb.Result`."""
-
-    fit: object
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.fit.result, name)
-
-    def sample(self, key, n):
-        d = self.fit.sample(key, n)
-        u = 0.5 * (d["phi"] + 1.0)
-        theta = jnp.stack([jnp.log(u) - jnp.log1p(-u), jnp.log(d["s2"])], axis=1)
-        mu = 2.0 * jnp.log(d["beta"])
-        return theta, jnp.concatenate([d["v"], mu[:, None]], axis=1)
+def _sv_fit(key, *, num_steps, y, **options):
+    """The library's SV fit (its own diagnostics; it runs no convergence check)."""
+    options.pop("num_check_draws", None)
+    return sv.fit(y, key, num_steps=num_steps, on_failure="ignore", **options).result
 
 
-def _sv_paper_fit(key, num_steps, y, **options):
-    """``stochastic_volatility.fit`` (its own diagnostics; it runs no convergence check)."""
-    from jaxvb.models import stochastic_volatility as sv
-
-    options = {k: v for k, v in options.items() if k != "num_check_draws"}
-    return SVPaperFit(sv.fit(y, key, num_steps=num_steps, on_failure="ignore", **options))
-
-
-def _level_last(theta, f, num_fixed: int, at: int):
-    """The draws as the reference model's: the field's last ``num_fixed`` values back
-    among the hyperparameters at ``at``, ``f`` the linear predictor (one level)."""
-    fixed = f[:, -num_fixed:]
-    theta = jnp.concatenate([theta[:, :at], fixed, theta[:, at:]], axis=1)
-    return theta, f[:, :-num_fixed] + fixed[:, :1]
+def _sv_sample(res, key, n):
+    """Draws of the library's SV fit in :func:`sv_model`'s layout with ``mu_in_field``."""
+    d = sv.SVFit(res).sample(key, n)
+    u = 0.5 * (d["phi"] + 1.0)
+    theta = jnp.stack([jnp.log(u) - jnp.log1p(-u), jnp.log(d["s2"])], axis=1)
+    return theta, jnp.concatenate([d["v"], 2.0 * jnp.log(d["beta"])[:, None]], axis=1)
 
 
 def sv_problem() -> Problem:
     y = jaxvb.data.sp500_returns()
-    model, theta0 = sv_model(y - y.mean())
-    fit_model, fit_theta0 = sv_model(y - y.mean(), mu_in_field=True)
+    y = y - y.mean()
+    model, theta0 = sv_model(y)
+    fit_model, fit_theta0 = sv_model(y, mu_in_field=True)
     return Problem(
         name="sv_sp500",
         title=f"SV, S&P 500 ({y.shape[0]} days)",
@@ -254,33 +198,26 @@ def sv_problem() -> Problem:
         "S&P 500 (2009-01-27 .. 2018-12-31) from the arch package, demeaned",
         fit_model=fit_model,
         fit_theta0=fit_theta0,
-        to_reference=functools.partial(_level_last, num_fixed=1, at=2),
-        fit_fn=functools.partial(_sv_paper_fit, y=np.asarray(y - y.mean())),
+        to_reference=functools.partial(_level_last, at=2),
+        fit_fn=functools.partial(_sv_fit, y=np.asarray(y)),
+        sample_fn=_sv_sample,
     )
 
 
-# Log-Gaussian Cox process for the bramble canes: y_c ~ Poisson(|c| exp(f_c)) on the n x
-# n cells of the unit square (row-major: the precision is banded, w = 2n), f = beta0 +
-# the lattice SPDE (kappa^2 - Laplacian) x = noise, alpha = 2 (Lindgren, Rue & Lindstrom
-# 2011): precision tau^2 (kappa^2 h^2 I + L)^2 / h^2, L the 4-neighbour lattice
-# Laplacian, h the cell width, marginal sd sigma (tau^2 = 1 / (4 pi kappa^2 sigma^2)),
-# range rho = sqrt(8) / kappa. Priors beta0 ~ N(0, 10^2), log sigma ~ N(0, 1),
-# log rho ~ N(log 0.1, 1).
+# Log-Gaussian Cox process: y_c ~ Poisson(|c| exp(f_c)) on the n x n cells of the unit
+# square (row-major: the precision is banded, w = 2n), f = beta0 + the lattice SPDE
+# (kappa^2 - Laplacian) x = noise, alpha = 2 (Lindgren, Rue & Lindstrom 2011): precision
+# tau^2 (kappa^2 h^2 I + L)^2 / h^2, L the 4-neighbour lattice Laplacian, h the cell
+# width, marginal sd sigma (tau^2 = 1 / (4 pi kappa^2 sigma^2)), range rho = sqrt(8) /
+# kappa. Priors beta0 ~ N(0, 10^2), log sigma ~ N(0, 1), log rho ~ N(log 0.1, 1).
 
 LGCP_GRID = 20
 
 
 def _lattice_laplacian(n: int) -> np.ndarray:
     """The graph Laplacian of the ``n x n`` lattice (row-major cells), dense."""
-    lap = np.zeros((n * n, n * n))
-    for i in range(n):
-        for j in range(n):
-            for di, dj in ((1, 0), (0, 1)):
-                if i + di < n and j + dj < n:
-                    c, d = i * n + j, (i + di) * n + (j + dj)
-                    lap[c, d] = lap[d, c] = -1.0
-    lap[np.diag_indices(n * n)] = -lap.sum(1)
-    return lap
+    path = np.diag(np.r_[1.0, np.full(n - 2, 2.0), 1.0]) - np.eye(n, k=1) - np.eye(n, k=-1)
+    return np.kron(path, np.eye(n)) + np.kron(np.eye(n), path)
 
 
 def _lgcp_log_prior(theta):
@@ -323,9 +260,8 @@ def _poisson_log_lik(f, data):
 
 
 def _lgcp_to_f(theta, z, eig, h):
-    """``f = m + Q^{-1/2} z`` in the eigenbasis ``U`` of the lattice Laplacian ``L = U
-    diag(lam) U'``: ``Q^{-1/2} = U diag(h / (tau (kappa^2 h^2 + lam))) U'`` (and ``U'z``
-    has the law of ``z``)."""
+    """``f = m + Q^{-1/2} z`` in the eigenbasis of ``L = U diag(lam) U'``: ``Q^{-1/2} = U
+    diag(h / (tau (kappa^2 h^2 + lam))) U'`` (``U'z`` has the law of ``z``)."""
     lam, u = eig
     sigma, rho = jnp.exp(theta[1]), jnp.exp(theta[2])
     kh2 = 8.0 * (h / rho) ** 2
@@ -337,20 +273,13 @@ def _lgcp_natural(theta):
     return dict(beta0=theta[:, 0], sigma=jnp.exp(theta[:, 1]), rho=jnp.exp(theta[:, 2]))
 
 
-def lgcp_counts(n: int = LGCP_GRID) -> np.ndarray:
-    """Counts of the bramble canes in the ``n x n`` cells, row-major (``y`` rows)."""
-    x, y, _ = jaxvb.data.brambles()
-    ix = np.minimum((x * n).astype(int), n - 1)
-    iy = np.minimum((y * n).astype(int), n - 1)
-    return np.bincount(iy * n + ix, minlength=n * n).astype(float)
-
-
 def lgcp_problem(n: int = LGCP_GRID) -> Problem:
-    counts = lgcp_counts(n)
+    x, y, _ = jaxvb.data.brambles()
+    ix, iy = (np.minimum((c * n).astype(int), n - 1) for c in (x, y))
+    counts = np.bincount(iy * n + ix, minlength=n * n).astype(float)  # row-major cells
     h = 1.0 / n
     lap = _lattice_laplacian(n)
     bands = tuple(jnp.asarray(linalg.from_dense(a, 2 * n)) for a in (lap, lap @ lap))
-    eig = tuple(jnp.asarray(a) for a in np.linalg.eigh(lap))
     data = (jnp.asarray(counts), jnp.full(n * n, h * h))
     model = jaxvb.LatentGaussian(
         log_prior=_lgcp_log_prior,
@@ -366,6 +295,7 @@ def lgcp_problem(n: int = LGCP_GRID) -> Problem:
         design=jnp.ones((n * n, 1)),
     )
     theta0 = jnp.array([math.log(counts.sum()), 0.0, math.log(0.1)])
+    eig = tuple(jnp.asarray(a) for a in np.linalg.eigh(lap))
     return Problem(
         name="lgcp_brambles",
         title=f"LGCP, bramble canes ({n}x{n} grid)",
@@ -379,13 +309,13 @@ def lgcp_problem(n: int = LGCP_GRID) -> Problem:
         to_f=functools.partial(_lgcp_to_f, eig=eig, h=h),
         fit_model=fit_model,
         fit_theta0=theta0[1:],
-        to_reference=functools.partial(_level_last, num_fixed=1, at=0),
+        to_reference=functools.partial(_level_last, at=0),
     )
 
 
-# Binomial GLMM for the 1986 batting records: hits_j ~ Binomial(atbat_j, logistic(f_j)),
-# f_j ~ N(beta0 + beta1 x_j, tau^2), x_j the standardised log of player j's years in the
-# major leagues; priors beta ~ N(0, 2.5^2), tau ~ Half-Normal(1).
+# Binomial GLMM: hits_j ~ Binomial(atbat_j, logistic(f_j)), f_j ~ N(beta0 + beta1 x_j,
+# tau^2), x_j the standardised log of player j's years in the major leagues; priors
+# beta ~ N(0, 2.5^2), tau ~ Half-Normal(1).
 
 
 def _glmm_log_prior(theta):
@@ -420,8 +350,7 @@ def glmm_problem() -> Problem:
         prior=functools.partial(_glmm_prior, x=jnp.asarray(x)),
         log_lik=_binomial_log_lik,
         data=(jnp.asarray(hits, jnp.float64), jnp.asarray(atbat, jnp.float64)),
-        # the sites are narrow (hundreds of at-bats each): fewer nodes than the
-        # default serve them
+        # the sites are narrow (hundreds of at-bats each): fewer nodes serve them
         num_quadrature=10,
     )
     return Problem(
@@ -447,67 +376,50 @@ PROBLEMS = {
 # --- the NUTS references --------------------------------------------------------------------
 
 QUANTILES = (0.025, 0.05, 0.25, 0.5, 0.75, 0.95, 0.975)
-THINNED_DRAWS = 2000  # per hyperparameter, stored in the reference for histograms
 REFERENCE_SEED = 11
 REFERENCE_SETTINGS = dict(num_warmup=1000, num_samples=5000, num_chains=4)
 
 
-def noncentred(problem: Problem) -> Callable:
-    """``(theta, z) -> f = m(theta) + R(theta) z`` with ``R R' = Q(theta)^{-1}`` (``R =
-    chol(Q)^{-T}``, banded or dense), so that ``z ~ N(0, I)`` gives ``f ~ p(f | theta)``;
-    or the problem's own ``to_f``."""
-    if problem.to_f is not None:
-        return problem.to_f
-    prior = problem.model.prior
+def noncentred(problem: Problem) -> tuple[Callable, Callable]:
+    """The posterior in the non-centred parametrisation: ``to_f(theta, z) = m(theta) +
+    R(theta) z`` with ``R R' = Q(theta)^{-1}`` (``R = chol(Q)^{-T}``, banded; or the
+    problem's own ``to_f``), so that ``z ~ N(0, I)`` gives ``f ~ p(f | theta)``; and
+    ``log_joint(u)``, ``log p(theta, z, y)`` of ``u = (theta, z)``."""
+    model, k = problem.model, problem.theta0.shape[0]
 
     def to_f(theta, z):
-        m, precision = prior(theta)
-        if isinstance(precision, Banded):
-            chol = linalg.cholesky_banded(precision.ab)
-            return m + linalg.solve_triangular_banded(chol, z, transpose=True)
-        chol = jnp.linalg.cholesky(precision)
-        return m + jax.scipy.linalg.solve_triangular(chol, z, lower=True, trans="T")
+        m, precision = model.prior(theta)
+        chol = linalg.cholesky_banded(precision.ab)
+        return m + linalg.solve_triangular_banded(chol, z, transpose=True)
 
-    return to_f
-
-
-def noncentred_log_joint(problem: Problem) -> Callable:
-    """``u = (theta, z) -> log p(theta, z, y)``, ``problem.model``'s posterior in the
-    non-centred parametrisation (:func:`noncentred`)."""
-    model, to_f = problem.model, noncentred(problem)
-    k = problem.theta0.shape[0]
+    to_f = problem.to_f or to_f
 
     def log_joint(u):
         theta, z = u[:k], u[k:]
         f = to_f(theta, z)
         return model.log_prior(theta) - 0.5 * z @ z + jnp.sum(model.log_lik(f, model.data))
 
-    return log_joint
+    return to_f, log_joint
 
 
 def reference_record(problem: Problem, theta, f, info: dict) -> dict:
-    """The stored reference from NUTS draws grouped by chain: ``theta (chains, draws,
-    k)``, ``f (chains, draws, T)``; ``info`` the run's ``settings``, ``wall_s``,
-    ``commit``, ``num_divergent`` and ``mean_num_steps``."""
+    """The stored reference from NUTS draws ``theta (chains, draws, k)``, ``f (chains,
+    draws, T)``; ``info`` the run's ``settings``, ``wall_s``, ``commit``,
+    ``num_divergent`` and ``mean_num_steps``."""
     from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
 
     theta, f = np.asarray(theta, np.float64), np.asarray(f, np.float64)
     natural = problem.natural(jnp.asarray(theta.reshape(-1, theta.shape[-1])))
     params = {
-        name: common.draws_summary(np.reshape(v, theta.shape[:2]), QUANTILES, THINNED_DRAWS)
+        name: common.draws_summary(np.reshape(v, theta.shape[:2]), QUANTILES)
         for name, v in natural.items()
     }
-    unconstrained = {
-        name: {
-            k: v
-            for k, v in common.draws_summary(theta[..., i], QUANTILES).items()
-            if k != "draws_thinned"
-        }
-        for i, name in enumerate(problem.theta_names)
-    }
+    unconstrained = {}
+    for i, name in enumerate(problem.theta_names):
+        unconstrained[name] = common.draws_summary(theta[..., i], QUANTILES)
+        del unconstrained[name]["draws_thinned"]
     flat_f = f.reshape(-1, f.shape[-1])
-    ess_f = np.asarray(effective_sample_size(f))
-    r_hat_f = np.asarray(split_gelman_rubin(f))
+    ess_f, r_hat_f = (np.asarray(d(f)) for d in (effective_sample_size, split_gelman_rubin))
     summaries = [*params.values(), *unconstrained.values()]
     return dict(
         description=(
@@ -539,30 +451,19 @@ def run_reference(problem: Problem, settings: dict = REFERENCE_SETTINGS) -> dict
     """A long NUTS run on the non-centred model, written to ``problem.reference_path``;
     the chains start near the Laplace start's hyperparameters with ``z = 0``."""
     k = problem.theta0.shape[0]
-    to_f = jax.jit(jax.vmap(noncentred(problem)))
     _, q0, _ = problem.model.start(problem.theta0)
     key = jax.random.key(REFERENCE_SEED)
     init = jnp.concatenate([q0.theta.mean, jnp.zeros(problem.num_latent)])
     init = init + 0.1 * jax.random.normal(
         jax.random.fold_in(key, 1), (settings["num_chains"], init.size)
     )
-    run = common.nuts(
-        jax.jit(noncentred_log_joint(problem)), **settings, chain_method="sequential"
-    )
+    to_f, log_joint = noncentred(problem)
+    run = common.nuts(jax.jit(log_joint), **settings, chain_method="sequential")
     mcmc, wall_s = common.timed(run, key, init)
-    u = np.asarray(mcmc.get_samples(group_by_chain=True))
-    extra = mcmc.get_extra_fields()
-    f = np.stack(
-        [
-            np.concatenate(
-                [
-                    np.asarray(to_f(c[i : i + 1000, :k], c[i : i + 1000, k:]))
-                    for i in range(0, len(c), 1000)
-                ]
-            )
-            for c in u
-        ]
-    )
+    u, extra = np.asarray(mcmc.get_samples(group_by_chain=True)), mcmc.get_extra_fields()
+    to_f = jax.jit(jax.vmap(to_f))
+    chunks = [slice(i, i + 1000) for i in range(0, u.shape[1], 1000)]  # (1000, T) each
+    f = np.stack([np.concatenate([to_f(c[i, :k], c[i, k:]) for i in chunks]) for c in u])
     info = dict(
         settings=dict(settings, chain_method="sequential", seed=REFERENCE_SEED),
         wall_s=wall_s,
@@ -571,52 +472,36 @@ def run_reference(problem: Problem, settings: dict = REFERENCE_SETTINGS) -> dict
         mean_num_steps=float(np.mean(extra["num_steps"])),
     )
     record = reference_record(problem, u[..., :k], f, info)
-    problem.reference_path.write_text(json.dumps(record) + "\n")
-    print(f"{problem.name}: R-hat max {record['r_hat_max']:.4f}", flush=True)
+    common.write_json(REFERENCES, problem.reference_path.stem, record, indent=None)
     return record
 
 
 def read_reference(name: str) -> dict:
     """The stored NUTS reference of model ``name``."""
-    return json.loads((REFERENCES / f"latent_{name}_nuts.json").read_text())
+    return common.read_result(f"latent_{name}_nuts", REFERENCES)
 
 
-# --- jaxvb, NUTS and the dense fit ------------------------------------------------------------
+# --- jaxvb and NUTS -------------------------------------------------------------------------
 
-NUM_STEPS = 250
 #: The fit as a user calls it (every default), and the iterations alone.
-VARIANTS = {
-    "diagnostics": {},
-    "no_diagnostics": dict(num_eval_draws=2, num_check_draws=0),
-}
+VARIANTS = {"diagnostics": {}, "no_diagnostics": dict(num_eval_draws=2, num_check_draws=0)}
 SAMPLE_CHUNK = 2000  # draws of q per call (each carries a (chunk, T) array of f)
 IMPORTANCE = dict(num_theta=2000, num_f=32)
 
 
-def status_record(res) -> dict:
-    return common.status_record(res.fit.result if isinstance(res, SVPaperFit) else res)
-
-
-def fit_latent(problem: Problem, key, num_steps: int = NUM_STEPS, **options):
-    """jaxvb's fit: ``problem.fit_fn``, else ``jaxvb.fit`` of the ``LatentGaussian``."""
-    if problem.fit_fn is not None:
-        return problem.fit_fn(key, num_steps, **options)
-    model, theta0 = problem.jaxvb_model
-    return jaxvb.fit(
-        model, theta0, key, num_steps=num_steps, on_failure="ignore", **options
-    )
-
-
 def time_latent(problem: Problem, num_steps: int, repeats: int, seed: int = 0):
-    """Per variant the first call (the start and the fit compiled, then run) and
-    ``repeats`` calls with new keys after compile; the start alone after compile.
-    Returns the record and the fits with the default diagnostics (for the accuracy)."""
+    """jaxvb's fit (``problem.fit_fn``, else ``jaxvb.fit``), per variant: the first call
+    (the start and the fit compiled, then run) and ``repeats`` calls with new keys after
+    compile; the start alone after compile. Returns the record and the fits with the
+    default diagnostics (for the accuracy)."""
+    model, theta0 = problem.jaxvb_model
+    fit = problem.fit_fn or functools.partial(jaxvb.fit, model, theta0, on_failure="ignore")
     out, fits = {}, []
     for variant, options in VARIANTS.items():
         calls = {}
 
         def call(i, options=options, calls=calls):
-            calls[i] = fit_latent(problem, jax.random.key(seed + i), num_steps, **options)
+            calls[i] = fit(jax.random.key(seed + i), num_steps=num_steps, **options)
             return calls[i]
 
         res, timing = common.first_and_after(call, repeats)
@@ -628,78 +513,63 @@ def time_latent(problem: Problem, num_steps: int, repeats: int, seed: int = 0):
             r_squared=float(res.r_squared),
             elbo=float(res.elbo),
             log_evidence=float(res.log_evidence),
-            **status_record(res),
+            **common.status_record(res),
         )
-    model, theta0 = problem.jaxvb_model
     start = [common.timed(lambda: model.start(theta0)[1])[1] for _ in range(3)]
     out["start_after_compile_s"] = float(np.median(start))
     return out, fits
 
 
-def draws_of_q(res, key, num_draws: int):
-    """``(theta (n, k), f (n, T))`` drawn from a fitted ``q`` in chunks."""
+def draws_of_q(problem: Problem, res, key, num_draws: int, sample=None):
+    """``(theta (n, k), f (n, T))`` drawn from a fit in chunks by ``sample(res, key,
+    n)`` (default ``Result.sample``), in the reference's layout."""
+    sample = sample or jaxvb.Result.sample
     parts = [
-        res.sample(jax.random.fold_in(key, done), min(SAMPLE_CHUNK, num_draws - done))
+        sample(res, jax.random.fold_in(key, done), min(SAMPLE_CHUNK, num_draws - done))
         for done in range(0, num_draws, SAMPLE_CHUNK)
     ]
-    return tuple(np.concatenate([np.asarray(p[i]) for p in parts]) for i in (0, 1))
+    theta, f = (np.concatenate([np.asarray(p[i]) for p in parts]) for i in (0, 1))
+    return problem.reference_draws(theta, f)
 
 
-def summarise(problem: Problem, theta: np.ndarray, f: np.ndarray) -> dict:
-    """Moments and quantiles of the hyperparameters (natural scale and ``theta``), and
-    the latent field's mean, sd and 5%/95% quantiles, from draws."""
-
-    def one(x):
-        x = np.asarray(x)
-        quantiles = {str(q): float(np.quantile(x, q)) for q in QUANTILES}
-        return dict(mean=float(x.mean()), sd=float(x.std()), quantiles=quantiles)
-
-    natural = problem.natural(jnp.asarray(theta))
-    return dict(
-        params={k: one(v) for k, v in natural.items()},
-        theta={k: one(theta[:, i]) for i, k in enumerate(problem.theta_names)},
-        f=dict(
-            mean=f.mean(0),
-            sd=f.std(0),
-            q05=np.quantile(f, 0.05, axis=0),
-            q95=np.quantile(f, 0.95, axis=0),
-        ),
-    )
-
-
-def compare(summary: dict, ref: dict) -> dict:
-    """``summary`` against the reference: hyperparameter errors in reference sd and sd
-    ratios; the latent field's standardised errors and sd ratios."""
+def compare(problem: Problem, theta, f, ref: dict) -> dict:
+    """Draws ``theta (n, k)``, ``f (n, T)`` against the reference: the hyperparameters'
+    (natural scale and ``theta``) errors in reference sd and sd ratios; the latent
+    field's standardised errors and sd ratios."""
+    theta, f = np.asarray(theta), np.asarray(f)
     params = {}
-    for k, r in ref["params"].items():
-        s = summary["params"][k]
+    for k, v in problem.natural(jnp.asarray(theta)).items():
+        v, r = np.asarray(v), ref["params"][k]
+        mean, sd = float(v.mean()), float(v.std())
         params[k] = dict(
-            mean=s["mean"],
-            sd=s["sd"],
-            mean_error_in_ref_sd=(s["mean"] - r["mean"]) / r["sd"],
-            sd_ratio=s["sd"] / r["sd"],
+            mean=mean,
+            sd=sd,
+            mean_error_in_ref_sd=(mean - r["mean"]) / r["sd"],
+            sd_ratio=sd / r["sd"],
             quantile_error_in_ref_sd={
-                q: (s["quantiles"][q] - r["quantiles"][q]) / r["sd"] for q in s["quantiles"]
+                str(q): (float(np.quantile(v, q)) - r["quantiles"][str(q)]) / r["sd"]
+                for q in QUANTILES
             },
         )
-    theta = {
-        k: dict(
-            mean_error_in_ref_sd=(summary["theta"][k]["mean"] - r["mean"]) / r["sd"],
-            sd_ratio=summary["theta"][k]["sd"] / r["sd"],
+    hyper = {}
+    for i, k in enumerate(problem.theta_names):
+        r = ref["theta"][k]
+        hyper[k] = dict(
+            mean_error_in_ref_sd=(float(theta[:, i].mean()) - r["mean"]) / r["sd"],
+            sd_ratio=float(theta[:, i].std()) / r["sd"],
         )
-        for k, r in ref["theta"].items()
-    }
-    ref_f = {k: np.asarray(v) for k, v in ref["f"].items() if isinstance(v, list)}
-    f = summary["f"]
-    err = (np.asarray(f["mean"]) - ref_f["mean"]) / ref_f["sd"]
-    ratio = np.asarray(f["sd"]) / ref_f["sd"]
+    ref_f = {q: np.asarray(ref["f"][q]) for q in ("mean", "sd", "q05", "q95")}
+    err = (f.mean(0) - ref_f["mean"]) / ref_f["sd"]
+    ratio = f.std(0) / ref_f["sd"]
     band = {
-        q: float(np.sqrt(np.mean(((np.asarray(f[q]) - ref_f[q]) / ref_f["sd"]) ** 2)))
-        for q in ("q05", "q95")
+        q: float(
+            np.sqrt(np.mean(((np.quantile(f, p, axis=0) - ref_f[q]) / ref_f["sd"]) ** 2))
+        )
+        for q, p in (("q05", 0.05), ("q95", 0.95))
     }
     return dict(
         params=params,
-        theta=theta,
+        theta=hyper,
         latent=dict(
             rms_standardised_error=float(np.sqrt(np.mean(err**2))),
             max_abs_standardised_error=float(np.abs(err).max()),
@@ -709,13 +579,6 @@ def compare(summary: dict, ref: dict) -> dict:
             rms_quantile_error_in_ref_sd=band,
         ),
     )
-
-
-def accuracy_of(problem: Problem, res, ref: dict, key, num_draws: int):
-    """:func:`compare` for draws of a fitted ``q``; also the summary and ``theta``."""
-    theta, f = problem.reference_draws(*draws_of_q(res, key, num_draws))
-    summary = summarise(problem, theta, f)
-    return compare(summary, ref), summary, theta
 
 
 def worst_accuracy(fits: list[dict]) -> dict:
@@ -738,23 +601,18 @@ def run_importance(problem: Problem, settings: dict, ref: dict, seed: int = 0) -
     ``q(theta)`` fit: first call and a call after compile, k-hat, ESS, and the draws
     against the reference beside the uncorrected ones."""
     model, theta0 = problem.jaxvb_model
+    n, key = settings["num_draws"], jax.random.key(seed + 1)
     res = jaxvb.fit(
-        model,
-        theta0,
-        jax.random.key(seed + 1),
-        num_steps=settings["num_steps"],
-        on_failure="ignore",
+        model, theta0, key, num_steps=settings["num_steps"], on_failure="ignore"
     )
-    n = settings["num_draws"]
 
     def correct(key):
         return res.q.importance_resample(key, n, warn=False, **IMPORTANCE)
 
     _, first = common.timed(correct, jax.random.key(seed + 2))
     out, second = common.timed(correct, jax.random.key(seed + 3))
-    theta, f = problem.reference_draws(np.asarray(out.theta), np.asarray(out.f))
-    acc = compare(summarise(problem, theta, f), ref)
-    plain = accuracy_of(problem, res, ref, jax.random.key(seed + 4), n)[0]
+    acc = compare(problem, *problem.reference_draws(out.theta, out.f), ref)
+    plain = compare(problem, *draws_of_q(problem, res, jax.random.key(seed + 4), n), ref)
     return dict(
         settings=dict(IMPORTANCE, n=n),
         fit_key=seed + 1,
@@ -771,19 +629,12 @@ def run_importance(problem: Problem, settings: dict, ref: dict, seed: int = 0) -
     )
 
 
-def start_point(problem: Problem):
-    """The bound model (a log joint of flat ``x = (theta, f)``) and the Laplace start's
-    point: ``q0``'s hyperparameter mean and the conditional mean of ``f`` there."""
-    bound, q0, _ = problem.model.start(problem.theta0)
-    mean = q0.theta.mean
-    return bound, jnp.concatenate([mean, q0.conditional(mean)[0]])
-
-
 def time_nuts(problem: Problem, settings: dict, ref: dict, seed: int = 0) -> dict:
-    """NUTS on the centred log joint ``bound(x)`` from the Laplace start's point: the
-    first run (compile included) and a second run of the same ``MCMC`` object; the
-    second run's draws against the reference."""
-    bound, x0 = start_point(problem)
+    """NUTS on the centred log joint ``bound(x)`` from the Laplace start's point (``q0``'s
+    hyperparameter mean, ``E[f | theta]`` there): the first run (compile included) and a
+    second run of the same ``MCMC`` object, whose draws are compared to the reference."""
+    bound, q0, _ = problem.model.start(problem.theta0)
+    x0 = jnp.concatenate([q0.theta.mean, q0.conditional(q0.theta.mean)[0]])
     k = problem.theta0.shape[0]
     run = common.nuts(bound, **settings["nuts"])
     _, first = common.timed(run, jax.random.key(seed), x0)
@@ -796,219 +647,51 @@ def time_nuts(problem: Problem, settings: dict, ref: dict, seed: int = 0) -> dic
         run_s=second,
         mean_num_steps=float(np.mean(extra["num_steps"])),
         num_divergent=int(np.sum(extra["diverging"])),
-        vs_reference=compare(summarise(problem, draws[:, :k], draws[:, k:]), ref),
+        vs_reference=compare(problem, draws[:, :k], draws[:, k:], ref),
     )
-
-
-def worker(spec: dict) -> dict:
-    """The plain ``jaxvb.fit(log_joint, x0, key)`` of the flat posterior (a dense
-    Gaussian over ``(theta, f)``, the Laplace start at ``x0``): the first call, and a
-    second when the first was quick. Where it raises (no joint mode), what it raised,
-    then the same fit from ``N(x0, diag(v0))``, ``v0`` the structured start's marginal
-    variances (the dense family's best chance)."""
-    problem = PROBLEMS[spec["problem"]]()
-    ref = read_reference(problem.name)
-    bound, x0 = start_point(problem)
-    k = problem.theta0.shape[0]
-
-    def log_joint(x):  # a plain function: given the bound model, fit would start it
-        return bound(x)
-
-    def fit(q0, i):
-        return jaxvb.fit(
-            log_joint,
-            q0,
-            jax.random.key(i),
-            num_steps=spec["num_steps"],
-            on_failure="ignore",
-        )
-
-    def timed_fits(q0) -> dict:
-        res, first = common.timed(fit, q0, 0)
-        out = dict(first_call_s=first, run_s=None)
-        if first < spec["second_call_under_s"]:
-            res, out["run_s"] = common.timed(fit, q0, 1)
-        out.update(status_record(res), r_squared=float(res.r_squared))
-        mean, cov = np.asarray(res.q.mean), np.asarray(res.q.cov)
-        out["finite"] = bool(np.all(np.isfinite(mean)) and np.all(np.isfinite(cov)))
-        if out["finite"]:
-            draws = np.asarray(res.q.sample(jax.random.key(7), (spec["num_draws"],)))
-            summary = summarise(problem, draws[:, :k], draws[:, k:])
-            out["vs_reference"] = compare(summary, ref)
-        return out
-
-    out = dict(num_steps=spec["num_steps"])
-    t0 = time.perf_counter()
-    try:
-        out.update(timed_fits(x0))
-    except Exception as err:  # what a user of the plain fit meets: reported, not fatal
-        out.update(
-            first_call_s=time.perf_counter() - t0,
-            raised=f"{type(err).__name__}: {str(err)[:500]}",
-        )
-        _, q0, _ = bound.start(problem.theta0)
-        _, chol, ops = q0.conditional(q0.theta.mean)
-        v0 = jnp.concatenate([jnp.diagonal(q0.theta.cov), ops.marginal_var(chol)])
-        out["from_gaussian_start"] = dict(
-            q0="N(x0, diag(v0)), v0 the structured start's marginal variances",
-            **timed_fits(jaxvb.Gaussian(mean=x0, cov=jnp.diag(v0))),
-        )
-    return out
-
-
-def run_dense(problem: Problem, settings: dict) -> dict:
-    """:func:`worker` in a fresh process, stopped after a time limit: the dense fit's
-    cost grows as ``(k + T)^3`` per step."""
-    spec = dict(problem=problem.name, **settings["dense"])
-    timeout = settings["dense_timeout_s"][problem.name]
-    t0 = time.perf_counter()
-    rows, error = common.run_worker(__file__, spec, timeout)
-    if not rows:
-        error = error or "no result"
-        return dict(spec, error=error, timed_out=error.startswith("stopped"))
-    return dict(rows[-1], process_s=time.perf_counter() - t0)
-
-
-# --- scaling of the banded case -------------------------------------------------------------
-
-SIMULATION = dict(phi=0.95, s2=0.05, beta=0.65)
-SLOPE_TOLERANCE = 0.15  # "about 1"
-
-
-def run_scaling(settings: dict) -> dict:
-    """SV fits (:func:`sv_model`, ``mu`` in the field) of simulated series of length
-    ``T`` without diagnostics: the first call and the median after compile; where no
-    repeat is asked for (the largest ``T``), the first call less its lowering and XLA
-    compile seconds (JAX's compile events; tracing, seconds at most, nests and is left
-    out)."""
-    from jaxvb.models import stochastic_volatility as sv
-
-    rows = []
-    for T in settings["scaling_T"]:
-        # Each T compiles its own programs: the earlier ones are dropped first, so that
-        # the process's compiled programs do not pile up over the sizes.
-        jax.clear_caches()
-        y, _ = sv.simulate_with_volatility(jax.random.key(1), T, **SIMULATION)
-        model, theta0 = sv_model(y - y.mean(), mu_in_field=True)
-
-        def call(i, model=model, theta0=theta0):
-            return jaxvb.fit(
-                model,
-                theta0,
-                jax.random.key(i),
-                num_steps=settings["scaling_steps"],
-                on_failure="ignore",
-                **VARIANTS["no_diagnostics"],
-            )
-
-        with common.compile_log() as log:
-            res, first = common.timed(call, 0)
-        compile_s = sum(s for e, _, s in log if not e.endswith("jaxpr_trace_duration"))
-        repeats = settings["scaling_repeats"][T]
-        times = [common.timed(call, i)[1] for i in range(1, repeats + 1)]
-        row = dict(
-            T=T,
-            load_average_1min=common.load_average(),
-            first_call_s=first,
-            compile_s=compile_s,
-            run_s=float(np.median(times)) if times else first - compile_s,
-            run_estimated=not times,
-            first_call_less_compile_s=first - compile_s,
-            repeats=repeats,
-            **status_record(res),
-        )
-        rows.append(row)
-        print(f"  T = {T:>8d}: after compile {row['run_s']:8.3f} s", flush=True)
-    ts, secs = [r["T"] for r in rows], [r["run_s"] for r in rows]
-    t, s = np.log10(ts), np.log10(secs)
-    return dict(
-        simulation=SIMULATION,
-        num_steps=settings["scaling_steps"],
-        options=VARIANTS["no_diagnostics"],
-        rows=rows,
-        log_log_slope=common.loglog_slope(ts, secs),
-        consecutive_slopes=[
-            float((s[i + 1] - s[i]) / (t[i + 1] - t[i])) for i in range(len(t) - 1)
-        ],
-    )
-
-
-# --- the run ----------------------------------------------------------------------------------
-
-FULL = dict(
-    problems=tuple(PROBLEMS),
-    num_steps=NUM_STEPS,
-    # the 2500-day SV series settles later than the paper's 945 days
-    num_steps_per_problem={"sv_sp500": 1000},
-    repeats={"sv_sp500": 3, "lgcp_brambles": 2, "glmm_baseball": 3},
-    num_draws=10_000,
-    nuts=dict(num_warmup=500, num_samples=1000),
-    dense=dict(num_steps=NUM_STEPS, num_draws=10_000, second_call_under_s=30.0),
-    dense_timeout_s={"sv_sp500": 120.0, "lgcp_brambles": 120.0, "glmm_baseball": 300.0},
-    scaling_T=(10**3, 10**4, 10**5, 10**6),
-    scaling_steps=20,
-    scaling_repeats={10**3: 3, 10**4: 3, 10**5: 1, 10**6: 0},
-)
-QUICK = dict(
-    problems=("glmm_baseball",),
-    num_steps=100,
-    repeats={"glmm_baseball": 1},
-    num_draws=2000,
-    nuts=dict(num_warmup=100, num_samples=100),
-    dense=None,  # a process of its own, another start-up and compile
-    dense_timeout_s={"glmm_baseball": 120.0},
-    scaling_T=(500, 1000),
-    scaling_steps=10,
-    scaling_repeats={500: 1, 1000: 1},
-)
-TARGETS = dict(
-    mean_error_sd=0.25,
-    sd_ratio=(0.7, 1.3),
-    latent_rms_error_sd=0.15,
-    latent_median_sd_ratio=(0.8, 1.2),
-    speedup_after_compile=20.0,
-    sv_after_compile_s=1.0,
-    slope_tolerance=SLOPE_TOLERANCE,
-)
-
-
-def density_on_grid(ref_param: dict, draws) -> dict:
-    """A kernel density estimate of ``draws`` on a grid over the reference's draws."""
-    grid, density = common.kde_on_grid(ref_param["draws_thinned"], draws, 200, 0.25)
-    return dict(grid=grid, density=density)
 
 
 def run_problem(problem: Problem, settings: dict, seed: int = 0):
-    """One model: the structured fit, its accuracy, NUTS, the dense fit. Returns the
-    record and the figures' data."""
+    """One model: jaxvb's fits, their accuracy, the importance-corrected draws, NUTS.
+    Returns the record and the figures' data (of the first accuracy fit)."""
     ref = read_reference(problem.name)
-    num_steps = settings.get("num_steps_per_problem", {}).get(
-        problem.name, settings["num_steps"]
+    per_problem = settings.get("num_steps_per_problem", {})
+    settings = dict(
+        settings, num_steps=per_problem.get(problem.name, settings["num_steps"])
     )
-    settings = dict(settings, num_steps=num_steps)
+    num_steps = settings["num_steps"]
     print(f"{problem.name}: {problem.title}, T = {problem.num_latent}", flush=True)
     load_before = common.load_average()
     timing, fits = time_latent(problem, num_steps, settings["repeats"][problem.name], seed)
     accuracy, figure = [], None
     for key, res in fits:
-        acc, summary, theta = accuracy_of(
-            problem, res, ref, jax.random.key(1000 + key), settings["num_draws"]
-        )
+        n, sample = settings["num_draws"], problem.sample_fn
+        theta, f = draws_of_q(problem, res, jax.random.key(1000 + key), n, sample)
         accuracy.append(
-            dict(key=key, **status_record(res), r_squared=float(res.r_squared), **acc)
+            dict(
+                key=key,
+                **common.status_record(res),
+                r_squared=float(res.r_squared),
+                **compare(problem, theta, f, ref),
+            )
         )
         if figure is None:
-            natural = problem.natural(jnp.asarray(theta))
+            densities = {}
+            for k, v in problem.natural(jnp.asarray(theta)).items():
+                draws = ref["params"][k]["draws_thinned"]
+                grid, density = common.kde_on_grid(draws, v, 200, 0.25)
+                densities[k] = dict(grid=grid, density=density)
             figure = dict(
                 key=key,
-                densities={
-                    k: density_on_grid(ref["params"][k], v) for k, v in natural.items()
-                },
-                f={q: common.rounded(summary["f"][q], 6) for q in ("mean", "q05", "q95")},
+                densities=densities,
+                f=dict(
+                    mean=common.rounded(f.mean(0), 6),
+                    q05=common.rounded(np.quantile(f, 0.05, axis=0), 6),
+                    q95=common.rounded(np.quantile(f, 0.95, axis=0), 6),
+                ),
             )
     importance = run_importance(problem, settings, ref, seed)
     nuts = time_nuts(problem, settings, ref, seed)
-    dense = None if settings["dense"] is None else run_dense(problem, settings)
     kept = ("settings", "wall_s", "r_hat_max", "ess_min", "num_divergent", "mean_num_steps")
     reference = {k: ref[k] for k in kept}
     reference["path"] = os.path.relpath(problem.reference_path, common.ROOT)
@@ -1033,26 +716,118 @@ def run_problem(problem: Problem, settings: dict, seed: int = 0):
             num_draws=settings["num_draws"], fits=accuracy, worst=worst_accuracy(accuracy)
         ),
         nuts=nuts,
-        dense=dense,
         importance=importance,
         # other processes slow every timing: the load before and after this model
         load_average_1min=dict(before=load_before, after=common.load_average()),
     )
-    print_summary(dict(problems={problem.name: record}), ("accuracy", "speed"))
     return record, figure
 
 
-def targets(problems: dict, scaling: dict | None) -> dict:
+# --- scaling of the banded case -------------------------------------------------------------
+
+SIMULATION = dict(phi=0.95, s2=0.05, beta=0.65)
+
+
+def run_scaling(settings: dict) -> dict:
+    """SV fits (:func:`sv_model`, ``mu`` in the field) of simulated series of length ``T``
+    without diagnostics: the first call and the median after compile; where no repeat is
+    asked for (the largest ``T``), the first call less its lowering and XLA compile
+    seconds (JAX's compile events; tracing, seconds at most, nests and is left out)."""
+    rows = []
+    for T in settings["scaling_T"]:
+        # each T compiles its own programs: drop the earlier ones, lest they pile up
+        jax.clear_caches()
+        y, _ = sv.simulate_with_volatility(jax.random.key(1), T, **SIMULATION)
+        model, theta0 = sv_model(y - y.mean(), mu_in_field=True)
+
+        def call(i, model=model, theta0=theta0):
+            return jaxvb.fit(
+                model,
+                theta0,
+                jax.random.key(i),
+                num_steps=settings["scaling_steps"],
+                on_failure="ignore",
+                **VARIANTS["no_diagnostics"],
+            )
+
+        with common.compile_log() as log:
+            res, first = common.timed(call, 0)
+        compile_s = sum(s for e, _, s in log if not e.endswith("jaxpr_trace_duration"))
+        repeats = settings["scaling_repeats"][T]
+        times = [common.timed(call, i)[1] for i in range(1, repeats + 1)]
+        rows.append(
+            dict(
+                T=T,
+                load_average_1min=common.load_average(),
+                first_call_s=first,
+                compile_s=compile_s,
+                run_s=float(np.median(times)) if times else first - compile_s,
+                run_estimated=not times,
+                first_call_less_compile_s=first - compile_s,
+                repeats=repeats,
+                **common.status_record(res),
+            )
+        )
+        print(f"  T = {T:>8d}: after compile {rows[-1]['run_s']:8.3f} s", flush=True)
+    ts, secs = [r["T"] for r in rows], [r["run_s"] for r in rows]
+    t, s = np.log10(ts), np.log10(secs)
+    return dict(
+        simulation=SIMULATION,
+        num_steps=settings["scaling_steps"],
+        options=VARIANTS["no_diagnostics"],
+        rows=rows,
+        log_log_slope=common.loglog_slope(ts, secs),
+        consecutive_slopes=np.diff(s) / np.diff(t),
+    )
+
+
+# --- settings and targets -------------------------------------------------------------------
+
+FULL = dict(
+    problems=tuple(PROBLEMS),
+    num_steps=250,
+    # the 2500-day SV series settles later than the paper's 945 days
+    num_steps_per_problem={"sv_sp500": 1000},
+    repeats={"sv_sp500": 3, "lgcp_brambles": 2, "glmm_baseball": 3},
+    num_draws=10_000,
+    nuts=dict(num_warmup=500, num_samples=1000),
+    scaling_T=(10**3, 10**4, 10**5, 10**6),
+    scaling_steps=20,
+    scaling_repeats={10**3: 3, 10**4: 3, 10**5: 1, 10**6: 0},
+)
+QUICK = dict(
+    problems=("glmm_baseball",),
+    num_steps=100,
+    repeats={"glmm_baseball": 1},
+    num_draws=2000,
+    nuts=dict(num_warmup=100, num_samples=100),
+    scaling_T=(500, 1000),
+    scaling_steps=10,
+    scaling_repeats={500: 1, 1000: 1},
+)
+TARGETS = dict(
+    mean_error_sd=0.25,
+    sd_ratio=(0.7, 1.3),
+    latent_rms_error_sd=0.15,
+    latent_median_sd_ratio=(0.8, 1.2),
+    speedup_after_compile=20.0,
+    sv_after_compile_s=1.0,
+    slope_tolerance=0.15,  # "about 1"
+)
+
+
+def targets(problems: dict, scaling: dict) -> dict:
     """Each target, met or not, from the measurements."""
     t = TARGETS
-    lo, hi = t["sd_ratio"]
-    mlo, mhi = t["latent_median_sd_ratio"]
+    (lo, hi), (mlo, mhi) = t["sd_ratio"], t["latent_median_sd_ratio"]
     out = {}
     for name, p in problems.items():
         w, imp = p["accuracy"]["worst"], p["importance"]
         default, bare = p["jaxvb"]["diagnostics"], p["jaxvb"]["no_diagnostics"]
         speedup = p["nuts"]["run_s"] / default["run"]["median_s"]
         bare_speedup = p["nuts"]["run_s"] / bare["run"]["median_s"]
+        imp_err = imp["worst"]["max_abs_mean_error_in_ref_sd"]
+        nuts = p["nuts"]["settings"]
         out[name] = dict(
             hyper_means=dict(
                 target=f"|mean - NUTS mean| <= {t['mean_error_sd']} NUTS sd, every "
@@ -1064,12 +839,11 @@ def targets(problems: dict, scaling: dict | None) -> dict:
                 target=f"(beside hyper_means) |mean - NUTS mean| <= {t['mean_error_sd']} "
                 "NUTS sd for the importance-corrected draws of one fit, trusted only "
                 "where their k-hat <= 0.7",
-                value=imp["worst"]["max_abs_mean_error_in_ref_sd"],
+                value=imp_err,
                 khat=imp["khat"],
                 sd_ratio_range=imp["worst"]["sd_ratio_range"],
                 extra_s_after_compile=imp["run_s"],
-                met=imp["worst"]["max_abs_mean_error_in_ref_sd"] <= t["mean_error_sd"]
-                and imp["khat"] <= 0.7,
+                met=imp_err <= t["mean_error_sd"] and imp["khat"] <= 0.7,
             ),
             hyper_sd_ratios=dict(
                 target=f"sd / NUTS sd in [{lo}, {hi}], every hyperparameter and fit",
@@ -1090,9 +864,8 @@ def targets(problems: dict, scaling: dict | None) -> dict:
             ),
             speedup_after_compile=dict(
                 target=f">= {t['speedup_after_compile']:g}x: NUTS "
-                f"({p['nuts']['settings']['num_warmup']} + "
-                f"{p['nuts']['settings']['num_samples']}) after compile over the default "
-                "jaxvb fit (with diagnostics) after compile",
+                f"({nuts['num_warmup']} + {nuts['num_samples']}) after compile over the "
+                "default jaxvb fit (with diagnostics) after compile",
                 value=speedup,
                 without_diagnostics=bare_speedup,
                 met=speedup >= t["speedup_after_compile"],
@@ -1120,135 +893,16 @@ def targets(problems: dict, scaling: dict | None) -> dict:
             met=value <= t["sv_after_compile_s"],
             met_without_diagnostics=bare <= t["sv_after_compile_s"],
         )
-    if scaling:
-        out["scaling_slope"] = dict(
-            target=f"log-log slope of the SV fit's time after compile against T within "
-            f"1 +- {t['slope_tolerance']} over T = {[r['T'] for r in scaling['rows']]}",
-            value=scaling["log_log_slope"],
-            met=abs(scaling["log_log_slope"] - 1.0) <= t["slope_tolerance"],
-        )
+    out["scaling_slope"] = dict(
+        target=f"log-log slope of the SV fit's time after compile against T within "
+        f"1 +- {t['slope_tolerance']} over T = {[r['T'] for r in scaling['rows']]}",
+        value=scaling["log_log_slope"],
+        met=abs(scaling["log_log_slope"] - 1.0) <= t["slope_tolerance"],
+    )
     return out
 
 
-# --- tables and figures ---------------------------------------------------------------------
-
-
-SECTIONS = ("accuracy", "speed", "scaling", "targets")
-
-
-def dense_line(d: dict) -> str:
-    """What the plain dense fit did, in one line."""
-    if "error" in d:
-        return f"dense jaxvb.fit: {d['error']}"
-
-    def timing(r):
-        run = f", after compile {r['run_s']:.2f} s" if r.get("run_s") is not None else ""
-        return f"first call {r['first_call_s']:.1f} s{run}, {r['flags']}"
-
-    if "raised" in d:
-        return (
-            f"dense jaxvb.fit: raised after {d['first_call_s']:.1f} s "
-            f"({d['raised'][:70]}...); from N(x0, diag(v0)): "
-            + timing(d["from_gaussian_start"])
-        )
-    return f"dense jaxvb.fit, {d['num_steps']} steps: {timing(d)}"
-
-
-def _print_accuracy(p: dict):
-    fit, ref = p["accuracy"]["fits"][0], p["reference"]
-    print(
-        f"{p['title']}  [NUTS R-hat max {ref['r_hat_max']:.4f}, ESS min {ref['ess_min']:.0f}]"
-    )
-    print(
-        f"  {'param':8s} {'jaxvb mean':>11s} {'NUTS mean':>11s} {'err/sd':>8s} "
-        f"{'sd ratio':>9s}   (timed NUTS: err/sd, sd ratio)   (dense)"
-    )
-    d = p.get("dense") or {}
-    dense = d.get("vs_reference") or (d.get("from_gaussian_start") or {}).get(
-        "vs_reference"
-    )
-    for k, a in fit["params"].items():
-        n = p["nuts"]["vs_reference"]["params"][k]
-        line = (
-            f"  {k:8s} {a['mean']:11.4f} {ref['params'][k]['mean']:11.4f} "
-            f"{a['mean_error_in_ref_sd']:+8.3f} {a['sd_ratio']:9.3f}   "
-            f"({n['mean_error_in_ref_sd']:+7.3f}, {n['sd_ratio']:6.3f})"
-        )
-        if dense:
-            dk = dense["params"][k]
-            line += f"   ({dk['mean_error_in_ref_sd']:+.2f}, {dk['sd_ratio']:.2f})"
-        print(line)
-    lat = fit["latent"]
-    nuts_rms = p["nuts"]["vs_reference"]["latent"]["rms_standardised_error"]
-    print(
-        f"  latent f: rms err {lat['rms_standardised_error']:.3f} sd (max "
-        f"{lat['max_abs_standardised_error']:.3f}), sd ratio median "
-        f"{lat['median_sd_ratio']:.3f} ({lat['min_sd_ratio']:.2f}-{lat['max_sd_ratio']:.2f});"
-        f" NUTS centred: rms {nuts_rms:.3f}"
-    )
-    w = p["accuracy"]["worst"]
-    print(
-        f"  worst of {len(p['accuracy']['fits'])} fits: |err| "
-        f"{w['max_abs_mean_error_in_ref_sd']:.3f} sd, sd ratios "
-        f"{w['sd_ratio_range'][0]:.3f}-{w['sd_ratio_range'][1]:.3f}, latent rms "
-        f"{w['max_latent_rms_standardised_error']:.3f}, latent median sd ratio "
-        f"{w['latent_median_sd_ratio_range'][0]:.3f}-"
-        f"{w['latent_median_sd_ratio_range'][1]:.3f}"
-    )
-
-
-def _print_speed(p: dict):
-    load = p.get("load_average_1min") or {}
-    print(
-        f"{p['title']}  [1-min load average {load.get('before') or 0:.1f} before, "
-        f"{load.get('after') or 0:.1f} after]"
-    )
-    for variant in VARIANTS:
-        r = p["jaxvb"][variant]
-        print(
-            f"  jaxvb {p['num_steps']} steps, {variant:15s} {r['first_call_s']:10.2f} "
-            f"{r['run']['median_s']:13.3f}   {r['flags']}"
-        )
-    print(
-        f"  {'  (the Laplace start alone)':43s} {p['jaxvb']['start_after_compile_s']:13.3f}"
-    )
-    n = p["nuts"]
-    print(
-        f"  NUTS {n['settings']['num_warmup']}+{n['settings']['num_samples']} (centred)"
-        f"{'':19s} {n['first_call_s']:10.2f} {n['run_s']:13.3f}   "
-        f"{n['mean_num_steps']:.0f} steps/draw, {n['num_divergent']} divergent"
-    )
-    if p.get("dense") is not None:
-        print("  " + dense_line(p["dense"]))
-
-
-def print_summary(report: dict, sections=SECTIONS):
-    """Print the report's tables: ``sections`` of accuracy, speed, scaling, targets."""
-    problems = report["problems"]
-    if "accuracy" in sections:
-        print(
-            "\n== accuracy against the NUTS reference (first accuracy fit; worst of all) =="
-        )
-        for p in problems.values():
-            _print_accuracy(p)
-    if "speed" in sections:
-        print("\n== speed (seconds; after compile = median of repeated calls) ==")
-        print(f"{'':45s} {'first call':>10s} {'after compile':>13s}")
-        for p in problems.values():
-            _print_speed(p)
-    if "scaling" in sections and report.get("scaling"):
-        sc = report["scaling"]
-        print(f"\n== scaling: SV, simulated, {sc['num_steps']} steps, no diagnostics ==")
-        for r in sc["rows"]:
-            est = " (first call less compile)" if r["run_estimated"] else ""
-            print(
-                f"  T = {r['T']:>8d}: first call {r['first_call_s']:8.2f} s, after compile "
-                f"{r['run_s']:8.3f} s{est}"
-            )
-        print(f"  log-log slope {sc['log_log_slope']:.3f}")
-    if "targets" in sections:
-        print("\n== targets ==")
-        common.print_targets(report["targets"])
+# --- figures --------------------------------------------------------------------------------
 
 
 def plot_accuracy(report: dict, figures: dict, path=None):
@@ -1299,113 +953,80 @@ def plot_accuracy(report: dict, figures: dict, path=None):
     return common.save(fig, path, dpi=110)
 
 
-def _dense_outcome(report: dict, name: str) -> tuple[float | None, str]:
-    """Seconds the plain dense fit ran and how it ended, for the speed figure."""
-    d = report["problems"][name].get("dense")
-    if d is None or ("error" in d and not d.get("timed_out")):
-        return None, "error" if d else ""
-    if d.get("timed_out"):
-        return report["settings"]["dense_timeout_s"][name], "stopped"
-    if "raised" in d:
-        return d["first_call_s"], "raised"
-    return d["first_call_s"], "flagged" if d["flags"] != "OK" else ""
-
-
 def plot_speed(report: dict, path=None):
-    """Seconds per method and model (first call and after compile; the plain dense fit
-    until it returned, raised or was stopped), and the SV fit's scaling in ``T``."""
+    """Seconds per method and model (first call and after compile), and the SV fit's
+    scaling in ``T``."""
     fig = common.figure(figsize=(13, 4.6))
     ax, ax_scaling = fig.subplots(1, 2)
-    names = list(report["problems"])
+    problems = report["problems"].values()
     bars = [
         (
             "jaxvb first call",
             "C0",
             "//",
-            lambda n, p: p["jaxvb"]["diagnostics"]["first_call_s"],
+            lambda p: p["jaxvb"]["diagnostics"]["first_call_s"],
         ),
         (
             "jaxvb after compile",
             "C0",
             "",
-            lambda n, p: p["jaxvb"]["diagnostics"]["run"]["median_s"],
+            lambda p: p["jaxvb"]["diagnostics"]["run"]["median_s"],
         ),
-        ("NUTS first call", "C3", "//", lambda n, p: p["nuts"]["first_call_s"]),
-        ("NUTS after compile", "C3", "", lambda n, p: p["nuts"]["run_s"]),
-        ("plain dense jaxvb.fit", "0.5", "xx", lambda n, p: _dense_outcome(report, n)[0]),
+        ("NUTS first call", "C3", "//", lambda p: p["nuts"]["first_call_s"]),
+        ("NUTS after compile", "C3", "", lambda p: p["nuts"]["run_s"]),
     ]
     width = 0.8 / len(bars)
     for j, (label, color, hatch, value) in enumerate(bars):
-        shown = [
-            (i + (j - len(bars) / 2 + 0.5) * width, v, name)
-            for i, name in enumerate(names)
-            if (v := value(name, report["problems"][name])) is not None
-        ]
-        xs, ys = [s[0] for s in shown], [s[1] for s in shown]
+        xs = np.arange(len(problems)) + (j - len(bars) / 2 + 0.5) * width
+        ys = [value(p) for p in problems]
         ax.bar(xs, ys, width, color=color, hatch=hatch, edgecolor="white", label=label)
-        if label.startswith("plain dense"):
-            for x, y, name in shown:
-                outcome = _dense_outcome(report, name)[1]
-                ax.annotate(outcome, (x, y), fontsize=7, ha="center", va="bottom")
     ax.set_yscale("log")
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels(
-        [report["problems"][n]["title"].replace(", ", ",\n", 1) for n in names], fontsize=8
-    )
+    ax.set_xticks(range(len(problems)))
+    ax.set_xticklabels([p["title"].replace(", ", ",\n", 1) for p in problems], fontsize=8)
     ax.set_ylabel("seconds")
     ax.legend(frameon=False, fontsize=7)
     ax.grid(alpha=0.3, axis="y", which="both")
-    sc = report.get("scaling")
-    if sc:
-        T = np.array([r["T"] for r in sc["rows"]], float)
-        s = np.array([r["run_s"] for r in sc["rows"]])
-        label = f"after compile (slope {sc['log_log_slope']:.2f})"
-        ax_scaling.loglog(T, s, "o-", label=label)
-        first = [r["first_call_s"] for r in sc["rows"]]
-        ax_scaling.loglog(T, first, "s:", color="C1", label="first call")
-        ax_scaling.loglog(T, s[0] * T / T[0], "--", color="0.6", label="slope 1")
-        ax_scaling.set_xlabel("T")
-        ax_scaling.set_ylabel(f"seconds per {sc['num_steps']}-step fit (no diagnostics)")
-        ax_scaling.legend(frameon=False, fontsize=8)
-        ax_scaling.grid(alpha=0.3, which="both")
-        ax_scaling.set_title("SV, banded precision: scaling in T", fontsize=9)
+    sc = report["scaling"]
+    T = np.array([r["T"] for r in sc["rows"]], float)
+    s = np.array([r["run_s"] for r in sc["rows"]])
+    ax_scaling.loglog(T, s, "o-", label=f"after compile (slope {sc['log_log_slope']:.2f})")
+    first = [r["first_call_s"] for r in sc["rows"]]
+    ax_scaling.loglog(T, first, "s:", color="C1", label="first call")
+    ax_scaling.loglog(T, s[0] * T / T[0], "--", color="0.6", label="slope 1")
+    ax_scaling.set_xlabel("T")
+    ax_scaling.set_ylabel(f"seconds per {sc['num_steps']}-step fit (no diagnostics)")
+    ax_scaling.legend(frameon=False, fontsize=8)
+    ax_scaling.grid(alpha=0.3, which="both")
+    ax_scaling.set_title("SV, banded precision: scaling in T", fontsize=9)
     return common.save(fig, path, dpi=110)
 
 
 def main(argv=None):
     parser = common.parser(__doc__)
-    parser.add_argument("--quick", action="store_true", help="the GLMM only, short runs")
     parser.add_argument(
-        "--refs", action="store_true", help="re-run the long NUTS references first"
+        "--quick", action="store_true", help="the GLMM and two short series, short runs"
     )
-    parser.add_argument("--refs-only", action="store_true", help="--refs, then stop")
-    parser.add_argument("--problems", nargs="*", default=None, help="a subset of models")
-    parser.add_argument("--skip-scaling", action="store_true")
+    parser.add_argument(
+        "--refs", action="store_true", help="rewrite the long NUTS references first"
+    )
     args = parser.parse_args(argv)
-    if args.worker is not None:
-        return common.emit(worker(json.loads(args.worker)))
-
-    settings = dict(QUICK if args.quick else FULL)
-    if args.problems:
-        settings["problems"] = tuple(args.problems)
-    if args.refs or args.refs_only:
+    settings = QUICK if args.quick else FULL
+    if args.refs:
         for name in settings["problems"]:
             run_reference(PROBLEMS[name]())
-        if args.refs_only:
-            return None
     out = common.output_dir(args, NAME)
     env = common.environment()
     t_start = time.perf_counter()
     problems, figures = {}, {}
     for name in settings["problems"]:
         problems[name], figures[name] = run_problem(PROBLEMS[name](), settings, args.seed)
-    scaling = None if args.skip_scaling else run_scaling(settings)
+    scaling = run_scaling(settings)
     report = dict(
         description=(
             "jaxvb.LatentGaussian (q(theta) q(f | theta), banded or diagonal prior "
-            "precision) on three public data sets, against long NUTS references, NUTS "
-            "(500 + 1000) on the same log joint, and the plain dense jaxvb.fit; all in "
-            "one process (the dense fit in a subprocess with a time limit)."
+            "precision) on three public data sets, against long NUTS references and "
+            "NUTS (500 + 1000) on the same log joint, in one process; and the SV fit's "
+            "time against the length of the series."
         ),
         quick=bool(args.quick),
         environment=env,
@@ -1421,7 +1042,7 @@ def main(argv=None):
     # after the JSON: a plotting error loses no measurement
     plot_accuracy(report, figures, out / f"{NAME}_accuracy.png")
     plot_speed(report, out / f"{NAME}_speed.png")
-    print_summary(report, ("scaling", "targets"))
+    common.print_targets(report["targets"])
     return report
 
 
