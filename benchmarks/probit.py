@@ -1,38 +1,21 @@
 """Binary probit regression (Salimans & Knowles 2013, section 5, fig:probitRMSE).
 
-The paper's experiment with the authors' settings (``jaxvb/data/README.md``): 500
-synthetic data sets of N = 100 observations and M = 5 regressors, prior N(0, I), every
-method starting from the prior and using one draw per step.
+500 data sets of N = 100 observations and M = 5 regressors simulated with the authors'
+settings (``jaxvb.models.probit.simulate``), prior N(0, I); every method starts from the
+prior and uses one draw per step.
 
-1. **The paper's figure.** RMSE of the variational mean against the true coefficients
-   as a function of the number of likelihood evaluations, for Basic (Algorithm 1,
-   ``method="regression"``), Factor (``jaxvb.methods.sites("regression")``, sec. 5.1),
-   FactorGradient (``sites("gradient")``, sec. 5.2), Hessian (Algorithm 2,
-   ``method="hessian"``), Hessian + minibatches (``jaxvb.Minibatch``, 10 blocks of 10
-   visited in turn, sec. 5.5) and VBEM (Ormerod & Wand 2010). A run's result depends on
-   its number of steps N (step size 1/sqrt(N), the second half averaged), so every
-   method runs at a grid of N, each grid point one jitted ``jax.vmap`` over the data
-   sets. Likelihood evaluations count one full-data evaluation per draw (a minibatch of
-   K of N counts K/N; the 8 draws that estimate the regression methods' first intercept
-   count too), one per VBEM iteration. Per method at its largest N: mean RMSE, log score
-   (``log N(beta_true | m, V)``), mean R^2.
-2. **Accuracy against the exact posterior.** On the first 20 data sets a long NUTS run
-   (``jaxvb.baselines.numpyro_probit``) gives the posterior mean and covariance; each
-   method's Gaussian is scored by ``KL(N_method || N_nuts)`` and the standardised mean
-   error ``|m - m_nuts| / sd_nuts``.
-3. **Speed, in one process.** After compile, ``block_until_ready``, median of repeats:
-   Algorithm 2 (200 steps) on one data set against NumPyro SVI
-   (``AutoMultivariateNormal`` + Adam from the prior) with the fewest steps, from a
-   grid, whose accuracy against NUTS is equal or better, the two timed in alternation;
-   and all data sets as one vmapped call against a Python loop over the single fit.
-
-Outputs: ``probit.json`` and ``probit.png``; ``notebooks/probit.ipynb`` draws the stored
-JSON with :func:`plot` and :func:`table_lines`.
-
-Usage::
-
-    python benchmarks/probit.py            # full run
-    python benchmarks/probit.py --quick    # smoke test, writes to a temp dir
+1. **Accuracy against likelihood evaluations** (the paper's figure): Basic (Algorithm 1),
+   Factor and FactorGradient (``jaxvb.methods.sites``, sec. 5.1, 5.2), Hessian (Algorithm
+   2), Hessian + minibatches (``jaxvb.Minibatch``, 10 blocks of 10 in turn, sec. 5.5) and
+   VBEM (Ormerod & Wand 2010). A run's result depends on its number of steps N (step size
+   1/sqrt(N), the second half averaged), so each method runs at a grid of N, one jitted
+   ``jax.vmap`` over the data sets per point: RMSE of the mean against the true
+   coefficients, log score, R^2, and on the first 20 data sets KL and standardised mean
+   error against long NUTS runs (``jaxvb.baselines.numpyro_probit``).
+2. **Speed** after compile: Algorithm 2 (200 steps) on one data set against NumPyro SVI
+   (``AutoMultivariateNormal`` + Adam) with the fewest steps, from a grid, whose accuracy
+   against NUTS is equal or better, the two timed in alternation; and all data sets in
+   one vmapped call against a Python loop over the single fit.
 """
 
 from __future__ import annotations
@@ -54,38 +37,25 @@ from jaxvb.baselines import numpyro_probit, vbem_probit  # noqa: E402
 from jaxvb.models import probit  # noqa: E402
 
 NAME = "probit"
-METHODS = ("basic", "factor", "factor_gradient", "hessian", "hessian_minibatch", "vbem")
-LABELS = {
-    "basic": "Basic (Algorithm 1)",
-    "factor": "Factor (sec. 5.1)",
-    "factor_gradient": "FactorGradient (sec. 5.2)",
-    "hessian": "Hessian (Algorithm 2)",
-    "hessian_minibatch": "Hessian + minibatches (sec. 5.5)",
-    "vbem": "VBEM (Ormerod & Wand 2010)",
+#: The methods of the figure: label, and the paper's colour (caption of fig:probitRMSE).
+METHODS = {
+    "basic": ("Basic (Algorithm 1)", "green"),
+    "factor": ("Factor (sec. 5.1)", "cyan"),
+    "factor_gradient": ("FactorGradient (sec. 5.2)", "blue"),
+    "hessian": ("Hessian (Algorithm 2)", "red"),
+    "hessian_minibatch": ("Hessian + minibatches (sec. 5.5)", "magenta"),
+    "vbem": ("VBEM (Ormerod & Wand 2010)", "black"),
 }
-# The paper's colours (caption of fig:probitRMSE).
-COLORS = dict(
-    basic="green",
-    factor="cyan",
-    factor_gradient="blue",
-    hessian="red",
-    hessian_minibatch="magenta",
-    vbem="black",
-)
-SITES = {"factor": "regression", "factor_gradient": "gradient", "sites_hessian": "hessian"}
+SITES = {"factor": "regression", "factor_gradient": "gradient"}
 BATCH_SIZE = 10  # the paper's 10 minibatches of the N = 100 observations
 NUM_INIT_DRAWS = 8  # regression's and sites("regression")'s first-intercept draws
 INIT_EVALS = {"basic": NUM_INIT_DRAWS, "factor": NUM_INIT_DRAWS}
 NUM_EVAL_DRAWS = 1000  # fit's default
-# The curves run the paper's plain iteration; the timed fits fit's default step control.
-CURVE_BACKTRACKS = 0
 TIMED_STEPS = 200
-#: Timed jaxvb variants: (method, num_eval_draws, dtype).
+#: Timed variants of Algorithm 2: (method, num_eval_draws, dtype).
 SPEED_VARIANTS = {
     "default": ("hessian", NUM_EVAL_DRAWS, jnp.float64),
     "no_diagnostics": ("hessian", 2, jnp.float64),
-    "sites_hessian_no_diagnostics": ("sites_hessian", 2, jnp.float64),
-    "float32_default": ("hessian", NUM_EVAL_DRAWS, jnp.float32),
     "float32_no_diagnostics": ("hessian", 2, jnp.float32),
 }
 
@@ -134,34 +104,21 @@ QUICK = dict(
     repeats=dict(jaxvb=5, svi=2, vmapped=2),
     speed_variants=("no_diagnostics",),
 )
-PAPER = dict(
-    log_score_fixed_form=0.193,
-    log_score_vbem=-4.46,
-    mean_r_squared=0.97,
-    vmp_rmse=0.265,
-    vmp_log_score=-4.56,
-    basic_ms_to_converge=15,
-)
+PAPER = dict(log_score_fixed_form=0.193, log_score_vbem=-4.46, mean_r_squared=0.97)
 NOTES = [
     "Likelihood evaluations (x axis): one per draw of x, K/N per minibatch draw, one "
     "per VBEM iteration, and the 8 first-intercept draws of regression() and "
     "sites('regression'); diagnostics draws are not counted.",
-    "The curves run max_backtracks=0 and num_eval_draws=2; R^2 of the final fits comes "
-    "from jaxvb.diagnostics.evaluate. 'flagged' counts fits with status != 0, "
-    "'error_fraction' those with Result.ok False.",
-    "SME = |m - m_nuts| / sd_nuts per coordinate: 'sme_max' the max over the M = 5 "
-    "coordinates averaged over the reference data sets, 'sme_mean' the mean over both. "
-    "KL is KL(N(m, V) || N(m_nuts, V_nuts)); the NUTS means' Monte Carlo error in sd "
-    "units is 1/sqrt(ESS), under reference.",
-    "Equal or better accuracy: SVI's mean KL and mean sme_max <= jaxvb's on the same "
-    "data sets. The SVI grid has cosine-decayed step sizes and 10-particle gradients "
-    "(constant-step Adam has a noise floor above jaxvb's accuracy); each configuration "
-    "stops at the first matching step count, and the ratio uses the fastest matching "
-    "configuration.",
-    "Speed variants: 'default' is jaxvb.fit as a user calls it (1000 diagnostics "
-    "draws); 'no_diagnostics' uses num_eval_draws=2, Algorithm 2 alone, what SVI "
-    "computes; 'sites_hessian' assembles the Hessian from N scalar second derivatives "
-    "(jaxvb.methods.sites('hessian')).",
+    "The curves run the paper's plain iteration (max_backtracks=0, num_eval_draws=2), "
+    "the timed fits jaxvb.fit's step control; R^2 of the final fits comes from "
+    "jaxvb.diagnostics.evaluate. 'flagged': status != 0.",
+    "SME = |m - m_nuts| / sd_nuts: 'sme_max' the max over the coordinates averaged over "
+    "the reference data sets, 'sme_mean' the mean over both. KL is KL(N(m, V) || "
+    "N(m_nuts, V_nuts)). The NUTS means' Monte Carlo error in sd units is 1/sqrt(ESS).",
+    "Equal or better accuracy: SVI's mean KL and mean sme_max <= those of jaxvb's "
+    "no_diagnostics fit (Algorithm 2 alone, what SVI computes; 'default' adds jaxvb.fit's "
+    "1000 diagnostics draws). Each SVI configuration stops at its first matching step "
+    "count; the ratio uses the fastest matching configuration.",
 ]
 
 
@@ -179,11 +136,12 @@ def make_fit(name, num_steps, num_eval_draws=2, max_backtracks=8):
     def run(design, y, key):
         d = design.shape[-1]
         q0 = jaxvb.Gaussian(jnp.zeros(d, design.dtype), jnp.eye(d, dtype=design.dtype))
-        log_joint = partial(probit.log_joint, design=design, y=y)
-        method = dict(basic="regression", hessian="hessian", hessian_minibatch="hessian")
+        log_joint, method = partial(probit.log_joint, design=design, y=y), "hessian"
         if name in SITES:
             log_joint = jaxvb.Factors(q0, probit.site_log_lik, design, y)
-            method[name] = jaxvb.methods.sites(SITES[name])
+            method = jaxvb.methods.sites(SITES[name])
+        elif name == "basic":
+            method = "regression"
         elif name == "hessian_minibatch":
             log_joint = jaxvb.Minibatch(
                 q0.log_prob,
@@ -196,7 +154,7 @@ def make_fit(name, num_steps, num_eval_draws=2, max_backtracks=8):
             log_joint,
             q0,
             key,
-            method=method[name],
+            method=method,
             num_steps=num_steps,
             num_eval_draws=num_eval_draws,
             max_backtracks=max_backtracks,
@@ -204,20 +162,6 @@ def make_fit(name, num_steps, num_eval_draws=2, max_backtracks=8):
         )
 
     return run
-
-
-_COMPILED = {}
-
-
-def compiled_fit(name, num_steps, num_eval_draws, args, batched, max_backtracks=8):
-    """:func:`make_fit` compiled once for ``args`` (vmapped if ``batched``): the
-    compiled function and its compile seconds."""
-    shapes = tuple((a.shape, str(a.dtype)) for a in jax.tree_util.tree_leaves(args))
-    key = (name, num_steps, num_eval_draws, max_backtracks, batched, shapes)
-    if key not in _COMPILED:
-        fn = make_fit(name, num_steps, num_eval_draws, max_backtracks)
-        _COMPILED[key] = common.lower_and_compile(jax.vmap(fn) if batched else fn, *args)
-    return _COMPILED[key]
 
 
 def accuracy(mean, cov, ref):
@@ -241,7 +185,9 @@ def accuracy(mean, cov, ref):
     )
 
 
-def scores(mean, cov, beta):
+def scores(mean, cov, beta, ref):
+    """The paper's RMSE and log score (means and standard errors over the data sets),
+    and the accuracy against NUTS."""
     r = np.asarray(probit.rmse(mean, beta))
     ls = np.asarray(probit.log_score(mean, cov, beta))
 
@@ -249,7 +195,11 @@ def scores(mean, cov, beta):
         return float(x.std(ddof=1) / np.sqrt(x.size)) if x.size > 1 else 0.0
 
     return dict(
-        rmse=float(r.mean()), rmse_se=se(r), log_score=float(ls.mean()), log_score_se=se(ls)
+        rmse=float(r.mean()),
+        rmse_se=se(r),
+        log_score=float(ls.mean()),
+        log_score_se=se(ls),
+        vs_nuts=accuracy(mean, cov, ref),
     )
 
 
@@ -271,14 +221,16 @@ def r_squared(key, mean, cov, design, y, num_draws):
 def reference_moments(design, y, settings, seed):
     """NUTS posterior moments on the first ``num_reference`` data sets."""
     mcmc = numpyro_probit.make_mcmc(**settings["nuts"])
-    runs = []
     t0 = time.perf_counter()
-    for i in range(settings["num_reference"]):
-        key = jax.random.fold_in(jax.random.key(seed + 1), i)
-        runs.append(numpyro_probit.nuts(design[i], y[i], key, mcmc=mcmc))
+    runs = [
+        numpyro_probit.nuts(
+            design[i], y[i], jax.random.fold_in(jax.random.key(seed + 1), i), mcmc=mcmc
+        )
+        for i in range(settings["num_reference"])
+    ]
     seconds = time.perf_counter() - t0
     ess = np.asarray([r.ess for r in runs])
-    summary = dict(
+    return dict(
         num_datasets=len(runs),
         **settings["nuts"],
         chain_method="vectorized",
@@ -288,55 +240,38 @@ def reference_moments(design, y, settings, seed):
         num_divergent=int(sum(r.num_divergent for r in runs)),
         mean_mc_error_sd_units_max=float(np.max(1.0 / np.sqrt(ess))),
         seconds=seconds,
-    )
-    print(f"  NUTS: {summary}", flush=True)
-    return dict(
         mean=np.asarray([r.mean for r in runs]),
         cov=np.asarray([r.cov for r in runs]),
-        summary=summary,
     )
 
 
 def run_curves(beta, design, y, ref, settings, seed):
-    """Every method at its grid of step counts, vmapped over the data sets."""
+    """Every method at its grid of step counts, vmapped over the data sets; the last
+    (VBEM: converged) fit of each method."""
     out, finals = {}, {}
     base = jax.random.key(seed + 2)
-    for i, name in enumerate(METHODS[:-1]):
+    for i, name in enumerate(m for m in METHODS if m != "vbem"):
         out[name] = []
+        per_step = BATCH_SIZE / design.shape[1] if name == "hessian_minibatch" else 1.0
         for n in settings["grids"][name]:
             keys = jax.random.split(
                 jax.random.fold_in(jax.random.fold_in(base, i), n), len(y)
             )
-            t0 = time.perf_counter()
-            fit_all, compile_s = compiled_fit(
-                name, n, 2, (design, y, keys), batched=True, max_backtracks=CURVE_BACKTRACKS
-            )
+            fit = make_fit(name, n, max_backtracks=0)  # the paper's plain iteration
+            fit_all, _ = common.lower_and_compile(jax.vmap(fit), design, y, keys)
             res = fit_all(design, y, keys)
-            mean, cov = np.asarray(res.q.mean), np.asarray(res.q.cov)
-            per_step = BATCH_SIZE / design.shape[1] if name == "hessian_minibatch" else 1.0
-            row = dict(
-                num_steps=int(n),
-                likelihood_evaluations=float(n * per_step + INIT_EVALS.get(name, 0)),
-                **scores(mean, cov, beta),
-                rmse_median=float(np.median(np.asarray(probit.rmse(mean, beta)))),
-                flagged_fraction=float(np.mean(np.asarray(res.status) != 0)),
-                error_fraction=float(np.mean(~np.asarray(res.ok))),
-                damped_steps_mean=float(np.mean(np.asarray(res.num_damped_steps))),
-                vs_nuts=accuracy(mean, cov, ref),
-                compile_s=compile_s,
-                seconds_incl_compile=time.perf_counter() - t0,
-            )
-            out[name].append(row)
-            finals[name] = (mean, cov)
-            print(
-                f"  {name:18s} N={n:6d}  RMSE {row['rmse']:.4f}  log score "
-                f"{row['log_score']:7.3f}  KL {row['vs_nuts']['kl']:.4f}  flagged "
-                f"{row['flagged_fraction']:.2f}",
-                flush=True,
+            finals[name] = mean, cov = np.asarray(res.q.mean), np.asarray(res.q.cov)
+            out[name].append(
+                dict(
+                    num_steps=int(n),
+                    likelihood_evaluations=float(n * per_step + INIT_EVALS.get(name, 0)),
+                    **scores(mean, cov, beta, ref),
+                    flagged_fraction=float(np.mean(np.asarray(res.status) != 0)),
+                )
             )
 
     # VBEM: one traced run gives the mean after every iteration (the covariance is
-    # fixed); the converged fit is a run to its tolerance.
+    # fixed); the final fit is a run to its tolerance.
     iters = settings["grids"]["vbem"]
     traced = jax.vmap(partial(vbem_probit.vbem, num_iters=max(iters), trace=True))(
         design, y
@@ -347,8 +282,7 @@ def run_curves(beta, design, y, ref, settings, seed):
         dict(
             num_steps=int(n),
             likelihood_evaluations=float(n),
-            **scores(means[:, n], cov, beta),
-            vs_nuts=accuracy(means[:, n], cov, ref),
+            **scores(means[:, n], cov, beta, ref),
         )
         for n in iters
     ]
@@ -363,30 +297,21 @@ def run_curves(beta, design, y, ref, settings, seed):
 
 
 def summarise(curves, finals, beta, design, y, ref, seed, num_eval_draws):
-    """Per method: RMSE, log score, R^2 and accuracy against NUTS."""
+    """Per method, its last fit: RMSE, log score, R^2 and accuracy against NUTS."""
     table = {}
-    n = len(ref["mean"])
     for i, name in enumerate(METHODS):
         mean, cov = finals[name]
-        last = curves[name][-1]
         key = jax.random.fold_in(jax.random.key(seed + 3), i)
         r2 = np.asarray(r_squared(key, mean, cov, design, y, num_eval_draws))
         table[name] = dict(
-            label=LABELS[name],
-            num_steps=last["num_steps"],
-            likelihood_evaluations=last["likelihood_evaluations"],
-            **scores(mean, cov, beta),
+            label=METHODS[name][0],
+            num_steps=curves[name][-1]["num_steps"],
+            likelihood_evaluations=curves[name][-1]["likelihood_evaluations"],
+            **scores(mean, cov, beta, ref),
             r_squared=float(np.mean(r2)),
             r_squared_median=float(np.median(r2)),
-            vs_nuts=accuracy(mean, cov, ref),
-            on_reference_datasets=scores(mean[:n], cov[:n], beta[:n]),
         )
     table["vbem"]["note"] = "converged run (tolerance 10 eps), not the last grid point"
-    # The reference on its data sets: the best any Gaussian summary can do there.
-    table["nuts_reference"] = dict(
-        label=f"NUTS moments (first {n} data sets only)",
-        **scores(ref["mean"], ref["cov"], beta[:n]),
-    )
     return table
 
 
@@ -404,9 +329,9 @@ def head_to_head(fns, args, repeats, inner):
     return {label: float(np.median(ts)) for label, ts in times.items()}
 
 
-def _time_compiled(fn, args, repeats):
-    jax.block_until_ready(fn(*args))  # the first call may allocate
-    return common.time_calls(fn, lambda i: args, repeats)
+def _after_compile(fn, args, repeats):
+    """Seconds per call of ``fn(*args)`` after a first call (which may allocate)."""
+    return common.first_and_after(lambda i: fn(*args), repeats)[1]["run"]
 
 
 def _cast(design, y, keys, dtype):
@@ -417,43 +342,39 @@ def _cast(design, y, keys, dtype):
 
 def time_jaxvb(design, y, keys, ref, settings):
     """Each timed variant: one fit after compile, all data sets in one vmapped call,
-    and a Python loop over the single fit."""
-    rows, batch = {}, {}
-    reps, d = settings["repeats"], len(y)
+    and a Python loop over the single fit; and the compiled single fits."""
+    rows, batch, singles = {}, {}, {}
+    reps = settings["repeats"]
     for label in settings["speed_variants"]:
         name, ned, dtype = SPEED_VARIANTS[label]
         v, yy, one = _cast(design, y, keys, dtype)
-        single, compile_s = compiled_fit(name, TIMED_STEPS, ned, one, batched=False)
-        t = _time_compiled(single, one, reps["jaxvb"])
-        vmapped, vcompile_s = compiled_fit(name, TIMED_STEPS, ned, (v, yy, keys), True)
-        tv = _time_compiled(vmapped, (v, yy, keys), reps["vmapped"])
+        fit = make_fit(name, TIMED_STEPS, ned)
+        singles[label], compile_s = common.lower_and_compile(fit, *one)
+        single_run = _after_compile(singles[label], one, reps["jaxvb"])
+        vmapped, vcompile_s = common.lower_and_compile(jax.vmap(fit), v, yy, keys)
+        vmapped_run = _after_compile(vmapped, (v, yy, keys), reps["vmapped"])
         res = vmapped(v, yy, keys)
-        parts = jax.block_until_ready([(v[i], yy[i], keys[i]) for i in range(d)])
-        _, loop_s = common.timed(lambda f=single, ps=parts: [f(*p) for p in ps])
+        parts = jax.block_until_ready([(v[i], yy[i], keys[i]) for i in range(len(y))])
+        _, loop_s = common.timed(lambda f=singles[label], ps=parts: [f(*p) for p in ps])
         rows[label] = dict(
             method=name,
             num_steps=TIMED_STEPS,
             num_eval_draws=ned,
             dtype=np.dtype(dtype).name,
             compile_s=compile_s,
-            **t,
+            **single_run,
             vs_nuts=accuracy(res.q.mean, res.q.cov, ref),
             flagged_fraction=float(np.mean(np.asarray(res.status) != 0)),
         )
         batch[label] = dict(
-            num_datasets=d,
+            num_datasets=len(y),
             dtype=np.dtype(dtype).name,
             vmapped_compile_s=vcompile_s,
-            vmapped=tv,
+            vmapped=vmapped_run,
             python_loop_s=loop_s,
-            speedup=loop_s / tv["median_s"],
+            speedup=loop_s / vmapped_run["median_s"],
         )
-        print(
-            f"  jaxvb {label:30s} {1e3 * t['median_s']:7.2f} ms; {d} data sets "
-            f"vmapped {tv['median_s']:.3f} s, Python loop {loop_s:.3f} s",
-            flush=True,
-        )
-    return rows, batch
+    return rows, batch, singles
 
 
 def svi_matching(design, y, keys, ref, target, dtypes, settings, key):
@@ -477,9 +398,6 @@ def svi_matching(design, y, keys, ref, target, dtypes, settings, key):
             acc = accuracy(res.mean, res.cov, ref)
             matched = acc["kl"] <= target["kl"] and acc["sme_max"] <= target["sme_max"]
             row["grid"].append(dict(num_steps=n, vs_nuts=acc, matches=matched))
-            print(
-                f"  svi {schedule} lr={lr:g} x{particles} steps={n}: {matched}", flush=True
-            )
             if not matched:
                 continue
             row["matching"] = dict(num_steps=n, vs_nuts=acc)
@@ -488,7 +406,7 @@ def svi_matching(design, y, keys, ref, target, dtypes, settings, key):
                 dname = np.dtype(dtype).name
                 fit, compile_s = common.lower_and_compile(fn, *one)
                 compiled[(len(rows) - 1, dname)] = fit
-                timing = _time_compiled(fit, one, settings["repeats"]["svi"])
+                timing = _after_compile(fit, one, settings["repeats"]["svi"])
                 row["matching"][dname] = dict(compile_s=compile_s, **timing)
                 if dtype != jnp.float64:  # the same run's accuracy in this precision
                     r = jax.jit(jax.vmap(fn))(v[:n_ref], yy[:n_ref], ref_keys)
@@ -504,7 +422,7 @@ def run_speed(design, y, ref, settings, seed):
     key = jax.random.key(seed + 4)
     keys = jax.random.split(jax.random.fold_in(key, 7), len(y))
     out = dict(load_average_before=common.load_average())
-    jaxvb_rows, out["all_datasets"] = time_jaxvb(design, y, keys, ref, settings)
+    jaxvb_rows, out["all_datasets"], singles = time_jaxvb(design, y, keys, ref, settings)
     out["jaxvb_single"] = jaxvb_rows
     dtypes = sorted({SPEED_VARIANTS[label][2] for label in jaxvb_rows}, key=str)
     target = jaxvb_rows["no_diagnostics"]["vs_nuts"]
@@ -521,10 +439,7 @@ def run_speed(design, y, ref, settings, seed):
         best = min(matching, key=lambda i: out["svi"][i]["matching"][dname]["median_s"])
         labels = [label for label, row in jaxvb_rows.items() if row["dtype"] == dname]
         _, _, one = _cast(design, y, keys, dtype)
-        fns = {"svi": svi_compiled[(best, dname)]}
-        for label in labels:
-            fn_name, ned, _ = SPEED_VARIANTS[label]
-            fns[label] = compiled_fit(fn_name, TIMED_STEPS, ned, one, batched=False)[0]
+        fns = {"svi": svi_compiled[(best, dname)], **{k: singles[k] for k in labels}}
         times = head_to_head(fns, one, settings["repeats"]["svi"], inner=10)
         config = out["svi"][best]
         ratios[dname] = dict(
@@ -533,14 +448,13 @@ def run_speed(design, y, ref, settings, seed):
             head_to_head_median_s=times,
             **{f"ratio_to_jaxvb_{label}": times["svi"] / times[label] for label in labels},
         )
-        print(f"  head to head, {dname}: {times}", flush=True)
     out["svi_fastest_matching"] = ratios
     out["load_average_after"] = common.load_average()
     return out
 
 
 def targets(speed):
-    """Each target, for every timed jaxvb variant (precision, with/without diagnostics)."""
+    """Each target, for every timed variant (precision, with/without diagnostics)."""
     single, batch = speed["jaxvb_single"], speed["all_datasets"]
     out = dict(
         single_fit_200_steps_ms=dict(target="<= 5 ms after compile"),
@@ -566,9 +480,6 @@ def targets(speed):
     return out
 
 
-# --- figure and table -----------------------------------------------------------------------
-
-
 def plot(result, path=None):
     """The figure of a report: RMSE and KL to NUTS against likelihood evaluations."""
     curves = result["curves"]
@@ -576,11 +487,10 @@ def plot(result, path=None):
     ax, axk = fig.subplots(1, 2)
     for name in METHODS:
         ev = [r["likelihood_evaluations"] for r in curves[name]]
-        style = dict(color=COLORS[name], ms=3, lw=1.6, label=LABELS[name])
+        label, color = METHODS[name]
+        style = dict(color=color, ms=3, lw=1.6, label=label)
         ax.plot(ev, [r["rmse"] for r in curves[name]], "-o", **style)
         axk.plot(ev, [max(r["vs_nuts"]["kl"], 1e-5) for r in curves[name]], "-o", **style)
-    ax.set_xscale("log")
-    ax.set_xlabel("number of likelihood evaluations")
     ax.set_ylabel("RMSE of the posterior mean vs true coefficients")
     ax.set_title(
         f"Probit regression, N = 100, M = 5: mean over "
@@ -588,35 +498,17 @@ def plot(result, path=None):
         "(after fig:probitRMSE of Salimans & Knowles 2013)"
     )
     ax.set_ylim(top=min(ax.get_ylim()[1], 1.0))
-    ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8.5)
-    axk.set_xscale("log")
     axk.set_yscale("log")
-    axk.set_xlabel("number of likelihood evaluations")
     axk.set_ylabel("KL(q || N(NUTS mean, NUTS cov))")
     axk.set_title(
         "Distance to the exact posterior (NUTS), mean over "
         f"{len(result['reference']['mean'])} data sets"
     )
-    axk.grid(alpha=0.3, which="both")
+    for a in (ax, axk):
+        a.set(xscale="log", xlabel="number of likelihood evaluations")
+        a.grid(alpha=0.3, which="both")
     return common.save(fig, path, dpi=130)
-
-
-def table_lines(table):
-    """The table of a report (largest N of each method), one line per method."""
-    lines = []
-    for name in (*METHODS, "nuts_reference"):
-        r = table[name]
-        extra = (
-            f"  R^2 {r['r_squared']:.3f}  KL {r['vs_nuts']['kl']:.4f}  "
-            f"SME {r['vs_nuts']['sme_max']:.4f}"
-            if "vs_nuts" in r
-            else ""
-        )
-        lines.append(
-            f"  {r['label']:40s} RMSE {r['rmse']:.4f}  log score {r['log_score']:7.3f}{extra}"
-        )
-    return lines
 
 
 def main(argv=None):
@@ -630,44 +522,28 @@ def main(argv=None):
     t_start = time.perf_counter()
     environment = common.environment()
     beta, design, y = probit.simulate(jax.random.key(args.seed), settings["num_datasets"])
-    print("Reference: NUTS", flush=True)
     ref = reference_moments(design, y, settings, args.seed)
     # Speed first: the timings are the part most sensitive to other load.
-    print("Speed", flush=True)
     speed = run_speed(design, y, ref, settings, args.seed)
-    print("Accuracy against likelihood evaluations", flush=True)
     curves, finals, vbem = run_curves(beta, design, y, ref, settings, args.seed)
-    table = summarise(
-        curves, finals, beta, design, y, ref, args.seed, settings["num_eval_draws"]
-    )
     report = dict(
-        description=(
-            "Salimans & Knowles (2013) binary probit regression (section 5, "
-            "fig:probitRMSE): RMSE against likelihood evaluations for six methods, "
-            "accuracy against NUTS, and speed against NumPyro SVI."
-        ),
+        description=__doc__.split("\n\n")[0],
         settings=dict(
             quick=args.quick,
             seed=args.seed,
-            num_datasets=settings["num_datasets"],
+            **settings,
             num_obs=int(design.shape[1]),
             num_features=int(design.shape[2]),
-            start="the prior N(0, I) for every method",
-            draws_per_step=1,
             batch_size=BATCH_SIZE,
-            minibatch_schedule="sweep",
-            grids={k: list(v) for k, v in settings["grids"].items()},
-            svi_configs=[list(c) for c in settings["svi_configs"]],
-            svi_steps=list(settings["svi_steps"]),
             timed_steps=TIMED_STEPS,
-            repeats=settings["repeats"],
-            num_eval_draws_final=settings["num_eval_draws"],
         ),
         paper=PAPER,
-        table=table,
+        table=summarise(
+            curves, finals, beta, design, y, ref, args.seed, settings["num_eval_draws"]
+        ),
         curves=curves,
         vbem=vbem,
-        reference=dict(ref["summary"], mean=ref["mean"].tolist(), cov=ref["cov"].tolist()),
+        reference=ref,
         speed=speed,
         targets=targets(speed),
         notes=NOTES,
@@ -676,7 +552,6 @@ def main(argv=None):
     )
     common.write_json(out, NAME, report, indent=2)
     plot(report, out / f"{NAME}.png")
-    print("\n".join(table_lines(table)))
     return report
 
 
