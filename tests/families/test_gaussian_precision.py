@@ -5,9 +5,6 @@ everything else is checked here against the dense formulas it replaces, which wo
 form ``cov`` and factor it again.
 """
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -235,32 +232,6 @@ def test_chunked_diagnostics_equal_unchunked(num_draws):
         np.testing.assert_allclose(u, v, rtol=1e-13, atol=1e-16)
     with pytest.raises(ValueError, match="chunk_size"):
         jaxvb.diagnostics.evaluate(key, q, log_joint, num_draws, chunk_size=0)
-
-
-@pytest.mark.slow
-def test_dimension_benchmark_quick(tmp_path):
-    pytest.importorskip("matplotlib")
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "dimension.py"), "--quick"]
-        + ["--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((tmp_path / "dimension.json").read_text())
-    rows = result["rows"]
-    assert [r["d"] for r in rows] == [12, 32] and all("error" not in r for r in rows)
-    for r in rows:
-        it = r["fit"]["iterations"]
-        assert it["status"] == 0
-        assert 0 < it["run"]["median_s"] < it["first_call_s"]
-        assert it["over_model"] == pytest.approx(
-            it["run"]["median_s"] / r["model"]["run"]["median_s"]
-        )
-        assert 0 < r["peak_rss_mb"] < 64_000
-    assert result["notes"] and result["environment"]["git"]["commit"]
-    assert (tmp_path / "dimension.png").stat().st_size > 10_000
 
 
 def test_draws_held_at_once_shrink_with_the_dimension():
