@@ -37,8 +37,9 @@ off jaxvb's programs compile with XLA's default options, exactly as a user's own
                            compiler options, no clearing).
 =========================  ==========================================================
 
-The test suite's own XLA settings (:func:`test_xla_flags`) live here too, so that the
-whole of jaxvb's dealings with XLA's options can be read in one file.
+The test suite's own environment (:func:`test_environment`: XLA flags, the CPU
+backend, the opt-in persistent compilation cache) lives here too, so that the whole of
+jaxvb's dealings with XLA's options can be read in one file.
 """
 
 from __future__ import annotations
@@ -378,3 +379,64 @@ def test_xla_flags(defaults: bool = False) -> list[str]:
         if _env_key(f) not in os.environ:
             os.environ[_env_key(f)] = "1" if _xla_accepts((f,)) else "0"
     return [f for f in wanted if os.environ[_env_key(f)] == "1"]
+
+
+def test_environment(cache_dir: str, environ=None) -> dict[str, str]:
+    """The environment variables the test suite sets before JAX starts, so that its
+    xdist workers, notebook kernels and benchmark subprocesses inherit them.
+
+    ``JAX_PLATFORMS=cpu`` unless set; ``XLA_FLAGS`` plus :func:`test_xla_flags`, which
+    are none with ``JAXVB_TEST_XLA=default`` (XLA's default options, as users run).
+    ``JAXVB_TEST_CACHE=1`` turns JAX's persistent compilation cache on in ``cache_dir``
+    (``JAX_COMPILATION_CACHE_DIR`` overrides it) for every program, whatever its size
+    or compile time: with the optimiser off most programs compile in well under JAX's
+    default threshold of 1 s, yet together they are the suite's time. The cache is
+    opt-in because jaxlib's cache writer has crashed a worker when several processes
+    wrote one directory; no test depends on it.
+
+    Example:
+      >>> from jaxvb import _platform
+      >>> env = _platform.test_environment("/tmp/c", {"JAXVB_TEST_XLA": "default"})
+      >>> env["JAX_PLATFORMS"], env["XLA_FLAGS"], "JAX_COMPILATION_CACHE_DIR" in env
+      ('cpu', '', False)
+    """
+    environ = os.environ if environ is None else environ
+    defaults = environ.get("JAXVB_TEST_XLA", "").lower() == "default"
+    flags = [environ.get("XLA_FLAGS", ""), *test_xla_flags(defaults=defaults)]
+    env = {
+        "JAX_PLATFORMS": environ.get("JAX_PLATFORMS", "cpu"),
+        "XLA_FLAGS": " ".join(flags).strip(),
+    }
+    if test_cache(environ):
+        env["JAX_COMPILATION_CACHE_DIR"] = environ.get(
+            "JAX_COMPILATION_CACHE_DIR", cache_dir
+        )
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = environ.get(
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0"
+        )
+        env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = environ.get(
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1"
+        )
+    return env
+
+
+def test_cache(environ=None) -> bool:
+    """Whether ``JAXVB_TEST_CACHE`` asks for the persistent compilation cache."""
+    environ = os.environ if environ is None else environ
+    return environ.get("JAXVB_TEST_CACHE", "").lower() in ("1", "true", "yes")
+
+
+def configure_test_cache() -> None:
+    """The cache settings of :func:`test_environment` once more through ``jax.config``,
+    in case a plugin imported JAX before the variables were set."""
+    if not test_cache():
+        return
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update(
+        "jax_persistent_cache_min_compile_time_secs",
+        float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
+    )
+    jax.config.update(
+        "jax_persistent_cache_min_entry_size_bytes",
+        int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]),
+    )

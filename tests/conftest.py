@@ -1,17 +1,11 @@
 """Tests run in float64 (float32 is checked explicitly where it matters) on the CPU.
 
-XLA settings come from :func:`jaxvb._platform.test_xla_flags`: for speed, XLA's backend
-optimisation and its fusion emitters are off (the tests check numbers, not speed; the
-default settings spend most of the suite's time compiling). ``JAXVB_TEST_XLA=default``
-runs the tests with XLA's default options, as users run (the ``xla_defaults`` tier of
-``tests/test_platform.py`` does this for the fast tier's smoke tests).
-
-JAX's persistent compilation cache is opt-in: ``JAXVB_TEST_CACHE=1`` stores compiled
-programs in ``.jax_cache/`` at the top of the repository (git-ignored;
-``JAX_COMPILATION_CACHE_DIR`` overrides it), set through environment variables so that
-the xdist workers, the notebook kernels and the benchmark subprocesses the tests start
-all share it. It is off by default (and in CI): jaxlib's cache writer has crashed an
-xdist worker when several processes wrote one directory. No test depends on it.
+The environment (:func:`jaxvb._platform.test_environment`) is set before JAX starts:
+for speed, XLA's backend optimisation and its fusion emitters are off (the tests check
+numbers, not speed; the default settings spend most of the suite's time compiling).
+``JAXVB_TEST_XLA=default`` runs the tests with XLA's default options, as users run
+(``tests/test_platform.py`` does this for the smoke tests). ``JAXVB_TEST_CACHE=1``
+turns on JAX's persistent compilation cache in ``.jax_cache/`` (git-ignored).
 
 Every test has a time limit (``--timeout`` in pyproject.toml, pytest-timeout): a fit
 that never returns fails its test with a traceback instead of stalling the suite.
@@ -42,36 +36,12 @@ for _folder in sorted(Path(__file__).resolve().parent.iterdir()):
     ):
         sys.path.insert(0, str(_folder))
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-_DEFAULTS = os.environ.get("JAXVB_TEST_XLA", "").lower() == "default"
-os.environ["XLA_FLAGS"] = " ".join(
-    [os.environ.get("XLA_FLAGS", ""), *_platform.test_xla_flags(defaults=_DEFAULTS)]
-).strip()
-_CACHE = os.environ.get("JAXVB_TEST_CACHE", "").lower() in ("1", "true", "yes")
-if _CACHE:
-    os.environ.setdefault(
-        "JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".jax_cache")
-    )
-    # With the optimiser off most programs compile in well under JAX's default threshold
-    # of 1 s, yet together they are the suite's time: cache every one, whatever its size.
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+os.environ.update(_platform.test_environment(str(Path(__file__).parents[1] / ".jax_cache")))
 
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
-if _CACHE:
-    # The same settings again, in case a plugin imported jax before the variables were set.
-    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
-    jax.config.update(
-        "jax_persistent_cache_min_compile_time_secs",
-        float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
-    )
-    jax.config.update(
-        "jax_persistent_cache_min_entry_size_bytes",
-        int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]),
-    )
-
+_platform.configure_test_cache()
 
 import pytest  # noqa: E402
 
