@@ -37,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402
 
 import jaxvb  # noqa: E402
-import jaxvb.composite  # noqa: E402
 from jaxvb.models import stochastic_volatility as sv  # noqa: E402
 
 NAME = "gpu"
@@ -163,19 +162,8 @@ def dimension_section(spec: dict) -> None:
 
 
 def sv_fit_one(y, key):
-    """The fit ``sv.fit`` runs, as one traceable function (``sv.fit`` checks the series
-    on the host, so it cannot be vmapped), composed as ``jaxvb.composite.hierarchical``
-    documents it."""
-    return jaxvb.fit(
-        partial(sv.log_joint, y=y),
-        sv.initial_q(y),
-        key,
-        num_steps=SV_STEPS,
-        method=jaxvb.composite.hierarchical(sv.model_structure(y)),
-        num_eval_draws=2,
-        num_check_draws=0,
-        on_failure="ignore",
-    )
+    """One series' fit, traced under ``fit_batched``'s vmap."""
+    return sv.fit(y, key, num_steps=SV_STEPS, num_eval_draws=2, on_failure="ignore")
 
 
 def _sv_fit(y, options, i):

@@ -405,6 +405,8 @@ def fit(
 
     One draw of ``(phi, s2)`` per step, ``f = (v, log beta)`` Rao-Blackwellised; every
     step is ``O(T)``. Compiled once per ``(T, num_steps, ...)``; later calls reuse it.
+    Traceable: under ``jit`` or ``vmap`` (e.g. :func:`jaxvb.fit_batched` over many
+    series) the series is not checked on the host, and the status flags tell.
 
     Args:
       y: the returns, shape ``(T,)``, ``T >= 3``, finite and non-zero.
@@ -426,7 +428,8 @@ def fit(
       >>> from jaxvb.models import stochastic_volatility as sv
       >>> res = sv.fit(jaxvb.data.sv_gbpusd(), jax.random.key(0))  # doctest: +SKIP
     """
-    y = check_series(y)
+    if not isinstance(y, jax.core.Tracer):  # under jit or vmap the values are not known
+        y = check_series(y)
     if on_failure not in ("raise", "warn", "ignore"):
         raise ValueError(
             f"on_failure must be 'raise', 'warn' or 'ignore', got {on_failure!r}"
