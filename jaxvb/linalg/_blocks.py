@@ -4,8 +4,7 @@ matrix seen as block tridiagonal.
 With dense ``b x b`` blocks, ``b = max(w, 8) >= w``, a block row couples to the one
 before it only, and each ``lax.scan`` step is a small dense Cholesky, triangular solve
 or product: ``T / b`` steps instead of ``T``. Per-step overhead, not arithmetic, is what
-a scan over rows costs on XLA:CPU, so for wide bands this is the faster path
-(``benchmarks/linalg_scaling.py`` times rows against blocks for each bandwidth).
+a scan over rows costs on XLA:CPU, so for wide bands this is the faster path;
 :mod:`jaxvb.linalg.banded` chooses between them.
 """
 

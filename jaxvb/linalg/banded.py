@@ -130,7 +130,7 @@ _BLOCK_MIN_W = 4  # narrowest band factored in blocks (jaxvb.linalg._blocks)
 
 def _blocked(w: int) -> bool:
     """Whether a band of width ``w`` goes by blocks: the narrow bands keep the row
-    recurrences, which are cheaper there (``benchmarks/linalg_scaling.py``)."""
+    recurrences, which are cheaper there: a scalar step costs less than a small block's."""
     return w >= _BLOCK_MIN_W
 
 

@@ -25,9 +25,6 @@ before the first fit::
     jax.config.update("jax_compilation_cache_dir", "/path/to/cache")
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
-(``benchmarks/first_fit.py`` measures what the cache saves on a later process's
-first fit.)
-
 Where the code lives (public as :mod:`jaxvb.numpyro`):
 
 - :mod:`~jaxvb.interop.numpyro._sites`: running the model once to read its sites,
