@@ -1,18 +1,10 @@
 """The headline results of every benchmark, and the documentation's benchmark pages.
 
 Reads the JSON files the benchmark scripts wrote to ``benchmarks/results/`` (nothing is
-measured or hard-coded here: rerun a benchmark and the table follows) and prints one row
-per headline result: the experiment, what is measured, jaxvb's number, the reference or
-peer and its number, the target set for it and whether the JSON says it is met.
-
-``--write-readme`` puts the table into ``README.md`` between the marker comments
-``<!-- results-table:start -->`` and ``<!-- results-table:end -->``;
-``tests/test_docs.py`` checks that the README holds what this script prints.
-
-:func:`docs_pages` makes the documentation's benchmark pages (the table, one page per
-benchmark with its details, settings, environment and figures); the documentation
-build calls it (``docs/hooks/benchmarks.py``), and ``--docs DIR`` writes the pages
-into ``DIR`` to read them without building the site.
+measured or hard-coded here) and makes one row per headline result: the experiment, what
+is measured, jaxvb's number, the reference and its number, the target and whether it is
+met. :func:`docs_pages` makes the documentation's pages from the same files (the
+documentation build calls it from ``docs/hooks/benchmarks.py``).
 
 Usage::
 
@@ -21,8 +13,9 @@ Usage::
     python benchmarks/summary.py --check          # exit 1 if README.md is out of date
     python benchmarks/summary.py --docs /tmp/pages  # write the benchmark pages
 
-``--quick`` is accepted and changes nothing (reading the JSON files is always quick), so
-that ``python -m jaxvb benchmark all --quick`` can run this script with the others.
+The README holds the table between ``<!-- results-table:start -->`` and
+``<!-- results-table:end -->``. ``--quick`` changes nothing, so that
+``python -m jaxvb benchmark all --quick`` can run this script with the others.
 """
 
 from __future__ import annotations
@@ -36,15 +29,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+BENCHMARKS = ROOT / "benchmarks"
+RESULTS = BENCHMARKS / "results"
 README = ROOT / "README.md"
 START = "<!-- results-table:start -->"
 END = "<!-- results-table:end -->"
-
-HEADER = (
-    "| experiment | measured | jaxvb | reference | target | met |",
-    "|---|---|---|---|---|---|",
-)
+COLUMNS = ("experiment", "measured", "jaxvb", "reference", "target", "met")
 
 #: The fixed-form methods of ``probit.json``'s accuracy table.
 PROBIT_FIXED_FORM = ("basic", "factor", "factor_gradient", "hessian", "hessian_minibatch")
@@ -67,264 +57,218 @@ def _load(results: Path, name: str) -> dict:
 
 
 def _met(flag) -> str:
+    """``yes``, ``no`` or ``—`` for a flag; several flags joined by ``; ``."""
+    if isinstance(flag, list | tuple):
+        return "; ".join(map(_met, flag))
     return {True: "yes", False: "no", None: "—"}[flag]
 
 
-def _row(experiment, measured, jaxvb, reference, target, met) -> dict:
-    return dict(
-        experiment=experiment,
-        measured=measured,
-        jaxvb=jaxvb,
-        reference=reference,
-        target=target,
-        met=met,
+def _rows(experiment: str, *rows: str) -> list[tuple[str, str]]:
+    """The headline results of one experiment, each written as its table row
+    ``measured | jaxvb | reference | target | met`` (``—`` for cells left off the end)."""
+    return [(experiment, row + " | —" * (4 - row.count(" | "))) for row in rows]
+
+
+def _table(header: str, rows) -> list[str]:
+    """The lines of a Markdown table whose header and rows are written ``a | b | c``."""
+    width = header.count(" | ") + 1
+    return [f"| {header} |", "|" + "---|" * width, *(f"| {row} |" for row in rows)]
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def _matching(rows, **match) -> list[dict]:
+    """The rows without an error that hold every ``key=value`` of ``match``."""
+    return [
+        r for r in rows if "error" not in r and all(r.get(k) == v for k, v in match.items())
+    ]
+
+
+# ---------------------------------------------------------------------------------
+# The headline rows, one function per benchmark (named as its script).
+
+
+def _toy_rates(checks: dict) -> list[tuple[str, str, str]]:
+    """``(estimator, paper, jaxvb)`` for the two weaker estimators of the toy's rate."""
+    labels = {
+        "independent_N10000": "different randomness",
+        "analytic_N10000": "analytic `C`",
+    }
+    return [
+        (
+            label,
+            checks[key]["paper"].split(" (")[0].replace("+-", "±"),
+            f"{checks[key]['eta_all']['mean']:.3f} ± {checks[key]['eta_all']['sd']:.3f}",
+        )
+        for key, label in labels.items()
+    ]
+
+
+def exponential_toy(results: Path) -> list[tuple[str, str]]:
+    d = _load(results, "exponential_toy")
+    checks, runs = d["checks"], d["settings"]["repeats_a"]
+    error = checks["joint_N4"]["max_rel_error_all"]
+    return _rows(
+        "Exponential toy (sec. 3.1)",
+        f"Algorithm 1, 4 steps: max relative error of the rate ({runs} runs) | "
+        f"{error:.1e} | paper: exact | <= 1e-10 | {_met(error <= 1e-10)}",
+        *(
+            f"{label}, 10^4 steps: rate, mean ± sd of {runs} runs (exact: 2) | {rate} | "
+            f"paper: {paper}"
+            for label, paper, rate in _toy_rates(checks)
+        ),
     )
 
 
-def exponential_toy(results: Path) -> list[dict]:
-    d = _load(results, "exponential_toy")
-    checks, runs = d["checks"], d["settings"]["repeats_a"]
-    exp = "Exponential toy (sec. 3.1)"
-    joint = checks["joint_N4"]
-    rows = [
-        _row(
-            exp,
-            f"Algorithm 1, 4 steps: max relative error of the rate ({runs} runs)",
-            f"{joint['max_rel_error_all']:.1e}",
-            "paper: exact",
-            "<= 1e-10",
-            _met(joint["max_rel_error_all"] <= 1e-10),
-        )
-    ]
-    for key, label in (
-        ("independent_N10000", "different randomness"),
-        ("analytic_N10000", "analytic `C`"),
-    ):
-        c = checks[key]
-        paper = c["paper"].split(" (")[0].replace("+-", "±")
-        rows.append(
-            _row(
-                exp,
-                f"{label}, 10^4 steps: rate, mean ± sd of {runs} runs (exact: 2)",
-                f"{c['eta_all']['mean']:.3f} ± {c['eta_all']['sd']:.3f}",
-                f"paper: {paper}",
-                "—",
-                "—",
-            )
-        )
-    return rows
-
-
-def beta_binomial(results: Path) -> list[dict]:
+def beta_binomial(results: Path) -> list[tuple[str, str]]:
     d = _load(results, "beta_binomial")
-    t, keys = d["targets"], d["settings"]["repeats"]
-    exp = "Beta-binomial, mixtures (sec. 6.2)"
-    log_z = d["quadrature"]["log_z"]
+    t, keys, paper = d["targets"], d["settings"]["repeats"], d["paper"]["r_squared"]
     k1 = next(r for r in d["table"] if r["K"] == 1)["repeats"]
-    paper_r2 = d["paper"]["r_squared"]
-    return [
-        _row(
-            exp,
-            f"K = 1: R^2 (exact, mean of {keys} keys)",
-            f"{sum(r['exact_r_squared'] for r in k1) / len(k1):.3f}",
-            f"paper: {paper_r2['1']}",
-            "—",
-            "—",
-        ),
-        _row(
-            exp,
-            f"K = 8: exact KL(q ‖ p), worst of {keys} keys",
-            f"{t['kl_k8']['worst']:.4f}",
-            "2-D quadrature",
-            "<= 0.01",
-            _met(t["kl_k8"]["met"]),
-        ),
-        _row(
-            exp,
-            f"K = 8: R^2 (exact), worst of {keys} keys",
-            f"{t['r_squared_k8']['worst_exact']:.4f}",
-            f"paper: {paper_r2['8']}",
-            ">= 0.997",
-            _met(t["r_squared_k8"]["met"]),
-        ),
-        _row(
-            exp,
-            f"K = 8: log-evidence error, worst of {keys} keys",
-            f"{t['log_evidence_k8']['worst']:.4f}",
-            f"quadrature log Z = {log_z:.4f}",
-            "<= 0.05",
-            _met(t["log_evidence_k8"]["met"]),
-        ),
-        _row(
-            exp,
-            "slowest fit after compile, K = 1..8 (2000 steps)",
-            f"{t['fit_time']['slowest_s']:.2f} s",
-            "—",
-            "<= 1 s",
-            _met(t["fit_time"]["met"]),
-        ),
-    ]
+    return _rows(
+        "Beta-binomial, mixtures (sec. 6.2)",
+        f"K = 1: R^2 (exact, mean of {keys} keys) | "
+        f"{_mean(r['exact_r_squared'] for r in k1):.3f} | paper: {paper['1']}",
+        f"K = 8: exact KL(q ‖ p), worst of {keys} keys | {t['kl_k8']['worst']:.4f} | "
+        f"2-D quadrature | <= 0.01 | {_met(t['kl_k8']['met'])}",
+        f"K = 8: R^2 (exact), worst of {keys} keys | "
+        f"{t['r_squared_k8']['worst_exact']:.4f} | paper: {paper['8']} | >= 0.997 | "
+        f"{_met(t['r_squared_k8']['met'])}",
+        f"K = 8: log-evidence error, worst of {keys} keys | "
+        f"{t['log_evidence_k8']['worst']:.4f} | quadrature log Z = "
+        f"{d['quadrature']['log_z']:.4f} | <= 0.05 | {_met(t['log_evidence_k8']['met'])}",
+        "slowest fit after compile, K = 1..8 (2000 steps) | "
+        f"{t['fit_time']['slowest_s']:.2f} s | — | <= 1 s | {_met(t['fit_time']['met'])}",
+    )
 
 
-def _variants(target: dict, unit: str, fmt: str, larger_is_better=False):
-    """jaxvb's number for the default variant and for the best one, and whether each
-    meets the target: ``("7.4 ms (float64, ...); 2.5 ms (float32, ...)", "no; yes")``."""
+def _variants(target: dict, unit: str, fmt: str) -> tuple[str, str]:
+    """jaxvb's number for the default variant and for the best one (the largest speed-up,
+    ``unit`` ``x``, or the shortest time), and whether each meets the target:
+    ``("7.4 ms (float64, ...); 2.5 ms (float32, ...)", "no; yes")``."""
     variants = {k: v for k, v in target.items() if k in PROBIT_VARIANTS}
-    best = (max if larger_is_better else min)(variants, key=lambda k: variants[k]["value"])
+    best = (max if unit == "x" else min)(variants, key=lambda k: variants[k]["value"])
     shown = ["default"] if best == "default" else ["default", best]
     numbers = "; ".join(
         f"{format(variants[k]['value'], fmt)}{unit} ({PROBIT_VARIANTS[k]})" for k in shown
     )
-    return numbers, "; ".join(_met(variants[k]["met"]) for k in shown)
+    return numbers, _met([variants[k]["met"] for k in shown])
 
 
-def probit(results: Path) -> list[dict]:
+def probit(results: Path) -> list[tuple[str, str]]:
     d = _load(results, "probit")
-    speed = d["speed"]
-    table, paper, t = d["table"], d["paper"], d["targets"]
-    hessian, vbem = table["hessian"], table["vbem"]
-    exp = f"Probit, {d['settings']['num_datasets']} data sets (sec. 5)"
-    fixed = [table[k] for k in PROBIT_FIXED_FORM if k in table]
-    lo = min(v["log_score"] for v in fixed)
-    hi = max(v["log_score"] for v in fixed)
-    nuts = d["reference"]
+    table, paper, t, speed = d["table"], d["paper"], d["targets"], d["speed"]
+    hessian, vbem, nuts = table["hessian"], table["vbem"], d["reference"]
+    fixed = [table[k]["log_score"] for k in PROBIT_FIXED_FORM if k in table]
     svi = speed["svi_fastest_matching"]["float32"]
-    single, ratio, batch = (
-        t["single_fit_200_steps_ms"],
-        t["faster_than_svi"],
-        t["all_datasets_vmapped_s"],
-    )
+    svi_ms = 1e3 * svi["head_to_head_median_s"]["svi"]
     loop = [v["python_loop_s"] for v in speed["all_datasets"].values()]
-    return [
-        _row(
-            exp,
-            "log score, fixed-form methods (VBEM)",
-            f"{lo:.3f} to {hi:.3f} ({vbem['log_score']:.2f})",
-            f"paper: {paper['log_score_fixed_form']} ({paper['log_score_vbem']})",
-            "—",
-            "—",
-        ),
-        _row(
-            exp,
-            "mean R^2, Algorithm 2",
-            f"{hessian['r_squared']:.3f}",
-            f"paper: {paper['mean_r_squared']}",
-            "—",
-            "—",
-        ),
-        _row(
-            exp,
-            f"KL to NUTS, Algorithm 2 (VBEM), {nuts['num_datasets']} data sets",
-            f"{hessian['vs_nuts']['kl']:.4f} ({vbem['vs_nuts']['kl']:.2f})",
-            f"NUTS, {nuts['num_chains']} x {nuts['num_samples']} draws",
-            "—",
-            "—",
-        ),
-        _row(
-            exp,
-            "one fit, Algorithm 2, 200 steps, after compile: default; fastest",
-            *_variants(single, " ms", ".1f")[:1],
-            "—",
-            "<= 5 ms",
-            _variants(single, " ms", ".1f")[1],
-        ),
-        _row(
-            exp,
-            "speed-up over NumPyro SVI at equal accuracy: default; best",
-            _variants(ratio, "x", ".0f", larger_is_better=True)[0],
-            f"SVI ({svi['num_steps']} steps): {1e3 * svi['head_to_head_median_s']['svi']:.0f}"
-            " ms (float32)",
-            ">= 100x",
-            _variants(ratio, "x", ".0f", larger_is_better=True)[1],
-        ),
-        _row(
-            exp,
-            f"all {batch['num_datasets']} data sets, one vmapped call: default; fastest",
-            _variants(batch, " s", ".2f")[0],
-            f"Python loop: {min(loop):.1f} to {max(loop):.1f} s",
-            "<= 1 s",
-            _variants(batch, " s", ".2f")[1],
-        ),
-    ]
+    batch = t["all_datasets_vmapped_s"]
+    single, single_met = _variants(t["single_fit_200_steps_ms"], " ms", ".1f")
+    over_svi, over_svi_met = _variants(t["faster_than_svi"], "x", ".0f")
+    vmapped, vmapped_met = _variants(batch, " s", ".2f")
+    return _rows(
+        f"Probit, {d['settings']['num_datasets']} data sets (sec. 5)",
+        f"log score, fixed-form methods (VBEM) | {min(fixed):.3f} to {max(fixed):.3f} "
+        f"({vbem['log_score']:.2f}) | paper: {paper['log_score_fixed_form']} "
+        f"({paper['log_score_vbem']})",
+        f"mean R^2, Algorithm 2 | {hessian['r_squared']:.3f} | "
+        f"paper: {paper['mean_r_squared']}",
+        f"KL to NUTS, Algorithm 2 (VBEM), {nuts['num_datasets']} data sets | "
+        f"{hessian['vs_nuts']['kl']:.4f} ({vbem['vs_nuts']['kl']:.2f}) | "
+        f"NUTS, {nuts['num_chains']} x {nuts['num_samples']} draws",
+        "one fit, Algorithm 2, 200 steps, after compile: default; fastest | "
+        f"{single} | — | <= 5 ms | {single_met}",
+        f"speed-up over NumPyro SVI at equal accuracy: default; best | {over_svi} | "
+        f"SVI ({svi['num_steps']} steps): {svi_ms:.0f} ms (float32) | >= 100x | "
+        f"{over_svi_met}",
+        f"all {batch['num_datasets']} data sets, one vmapped call: default; fastest | "
+        f"{vmapped} | Python loop: {min(loop):.1f} to {max(loop):.1f} s | <= 1 s | "
+        f"{vmapped_met}",
+    )
 
 
-def stochastic_volatility(results: Path) -> list[dict]:
+def stochastic_volatility(results: Path) -> list[tuple[str, str]]:
     d = _load(results, "stochastic_volatility")
-    t = d["targets"]
-    exp = "Stochastic volatility (sec. 6.1)"
+    t, settings, nuts = d["targets"], d["settings"], d["nuts"]["settings"]
     fit_ms, speedup = t["fit_after_compile_ms"], t["speedup_vs_nuts"]
     means, sds = t["means_within_nuts_sd"], t["sds_within_15_percent"]
     n_fits = d["accuracy"]["svapprox"]["num_fits"]
-    nuts = d["nuts"]["settings"]
-    params = ("phi", "s2", "beta")
-
-    def per_param(values: dict) -> str:
-        return " / ".join(f"{values[p]:.2f}" for p in params)
-
     settled = d["converged"]["svapprox"]
+    params = ("phi", "s2", "beta")
     settled_errors = {
         p: settled["over_fits"][p]["mean_error_in_nuts_sd"]["median"] for p in params
     }
-    return [
-        _row(
-            exp,
-            f"{d['settings']['T']}-point fit, {d['settings']['num_steps']} steps, after "
-            f"compile (with sv.fit's default {fit_ms['default_diagnostic_draws']} "
-            "diagnostic draws)",
-            f"{fit_ms['value']:.0f} ms ({fit_ms['with_default_diagnostics_ms']:.0f} ms)",
-            "—",
-            "<= 50 ms",
-            _met(fit_ms["met"]),
-        ),
-        _row(
-            exp,
-            "speed-up over NUTS (after compile)",
-            f"{speedup['value']:.0f}x",
-            f"NUTS, {nuts['num_chains']} x {nuts['num_samples']} draws: "
-            f"{speedup['nuts_wall_s']:.0f} s",
-            ">= 200x",
-            _met(speedup["met"]),
-        ),
-        _row(
-            exp,
-            f"mean error of the median of {n_fits} fits, in NUTS sd: phi / s2 / beta",
-            per_param(means["value"]),
-            f"NUTS; worst fit: {per_param(means['worst_fit'])}; settled after "
-            f"{settled['num_steps']} steps: {per_param(settled_errors)}",
-            "<= 0.1",
-            _met(means["met"]),
-        ),
-        _row(
-            exp,
-            f"worst sd ratio error of {n_fits} fits, abs(sd / NUTS sd - 1): phi / s2 / beta",
-            per_param(sds["value"]),
-            "NUTS",
-            "<= 0.15",
-            _met(sds["met"]),
-        ),
-    ]
+
+    def per_param(values) -> str:
+        return " / ".join(f"{values[p]:.2f}" for p in params)
+
+    return _rows(
+        "Stochastic volatility (sec. 6.1)",
+        f"{settings['T']}-point fit, {settings['num_steps']} steps, after compile (with "
+        f"sv.fit's default {fit_ms['default_diagnostic_draws']} diagnostic draws) | "
+        f"{fit_ms['value']:.0f} ms ({fit_ms['with_default_diagnostics_ms']:.0f} ms) | — | "
+        f"<= 50 ms | {_met(fit_ms['met'])}",
+        f"speed-up over NUTS (after compile) | {speedup['value']:.0f}x | "
+        f"NUTS, {nuts['num_chains']} x {nuts['num_samples']} draws: "
+        f"{speedup['nuts_wall_s']:.0f} s | >= 200x | {_met(speedup['met'])}",
+        f"mean error of the median of {n_fits} fits, in NUTS sd: phi / s2 / beta | "
+        f"{per_param(means['value'])} | NUTS; worst fit: {per_param(means['worst_fit'])}; "
+        f"settled after {settled['num_steps']} steps: {per_param(settled_errors)} | "
+        f"<= 0.1 | {_met(means['met'])}",
+        f"worst sd ratio error of {n_fits} fits, abs(sd / NUTS sd - 1): phi / s2 / beta | "
+        f"{per_param(sds['value'])} | NUTS | <= 0.15 | {_met(sds['met'])}",
+    )
 
 
-def linalg_scaling(results: Path) -> list[dict]:
+def latent_gaussian(results: Path) -> list[tuple[str, str]]:
+    d = _load(results, "latent_gaussian")
+    rows = []
+    for name, p in d["problems"].items():
+        t, ref = d["targets"][name], p["reference"]["settings"]
+        lo, hi = t["hyper_sd_ratios"]["value"]
+        accuracy = (t["hyper_means"], t["hyper_sd_ratios"], t["latent_rms_error"])
+        speed, first = t["speedup_after_compile"], t["first_call_quicker"]
+        rows += _rows(
+            f"Latent Gaussian: {p['title']}",
+            "hyperparameter means: worst error in NUTS sd; sd ratios; latent field: rms "
+            f"error in NUTS sd | {t['hyper_means']['value']:.2f}; {lo:.2f}-{hi:.2f}; "
+            f"{t['latent_rms_error']['value']:.3f} | NUTS, {ref['num_chains']} x "
+            f"{ref['num_samples']} draws | <= 0.25; 0.7-1.3; <= 0.15 | "
+            f"{_met(all(a['met'] for a in accuracy))}",
+            "default fit after compile: speed-up over NUTS 500 + 1000; first call "
+            f"(compile included), jaxvb / NUTS | {speed['value']:.0f}x; "
+            f"{first['value']['jaxvb_s']:.1f} s / {first['value']['nuts_s']:.1f} s | "
+            f"NUTS after compile: {p['nuts']['run_s']:.1f} s | >= 20x; sooner | "
+            f"{_met([speed['met'], first['met']])}",
+        )
+    if slope := d["targets"].get("scaling_slope"):
+        rows += _rows(
+            "Latent Gaussian: SV, simulated",
+            "log-log slope of fit time against T = "
+            + ", ".join(f"{n:,}" for n in d["settings"]["scaling_T"])
+            + f" | {slope['value']:.2f} | linear: 1 | 1 ± 0.15 | {_met(slope['met'])}",
+        )
+    return rows
+
+
+def linalg_scaling(results: Path) -> list[tuple[str, str]]:
     d = _load(results, "linalg_scaling")
     slope = d["loglog_slope"]
     largest = max(d["timings"]["arrowhead"], key=lambda r: r["T"])
-    return [
-        _row(
-            "Arrowhead linear algebra (sec. 6.1)",
-            "Cholesky + selected inverse: log-log slope of time against T "
-            f"(ns per step at T = {largest['T']:,})",
-            f"{slope['arrowhead']['slope_all']:.2f} ({largest['ns_per_step']:.0f} ns)",
-            f"banded part alone: {slope['banded']['slope_all']:.2f}",
-            "—",
-            "—",
-        )
-    ]
+    return _rows(
+        "Arrowhead linear algebra (sec. 6.1)",
+        "Cholesky + selected inverse: log-log slope of time against T (ns per step at "
+        f"T = {largest['T']:,}) | {slope['arrowhead']['slope_all']:.2f} "
+        f"({largest['ns_per_step']:.0f} ns) | banded part alone: "
+        f"{slope['banded']['slope_all']:.2f}",
+    )
 
 
-def robustness(results: Path) -> list[dict]:
-    d = _load(results, "robustness")
-    exp = "Robustness, real posteriors"
+def robustness(results: Path) -> list[tuple[str, str]]:
+    table = _load(results, "robustness")["table"]
 
     def count(rows, *outcomes):
         return sum(r["counts"][o] for r in rows for o in outcomes)
@@ -332,321 +276,177 @@ def robustness(results: Path) -> list[dict]:
     def total(rows):
         return sum(sum(r["counts"].values()) for r in rows)
 
-    with_mode = [r for r in d["table"] if r["model"] != "eight_schools_centered"]
+    with_mode = [r for r in table if r["model"] != "eight_schools_centered"]
     laplace = [r for r in with_mode if r["start"] == "x0"]
     far = [r for r in with_mode if r["start"] != "x0"]
-    silent_nan = count(d["table"], "silent_nan")
-    return [
-        _row(
-            exp,
-            "Algorithm 2 from the Laplace start: accurate fits (4 models with a mode)",
-            f"{count(laplace, 'accurate')} / {total(laplace)}",
-            f"from N(0, I): {count(far, 'accurate')} / {total(far)}",
-            "—",
-            "—",
-        ),
-        _row(
-            exp,
-            "fits wrong or NaN without a flag (every model and start)",
-            f"{count(d['table'], 'silent_wrong', 'silent_nan')} / {total(d['table'])}"
-            f" ({silent_nan} NaN)",
-            "—",
-            "no silent NaN",
-            _met(silent_nan == 0),
-        ),
-    ]
+    silent_nan = count(table, "silent_nan")
+    return _rows(
+        "Robustness, real posteriors",
+        "Algorithm 2 from the Laplace start: accurate fits (4 models with a mode) | "
+        f"{count(laplace, 'accurate')} / {total(laplace)} | from N(0, I): "
+        f"{count(far, 'accurate')} / {total(far)}",
+        "fits wrong or NaN without a flag (every model and start) | "
+        f"{count(table, 'silent_wrong', 'silent_nan')} / {total(table)} "
+        f"({silent_nan} NaN) | — | no silent NaN | {_met(silent_nan == 0)}",
+    )
 
 
-def dimension(results: Path) -> list[dict]:
+def dimension(results: Path) -> list[tuple[str, str]]:
     d = _load(results, "dimension")
     rows = []
     for r in d["rows"]:
         it = r["fit"]["iterations"]
         met = d["targets"].get(f"fit_over_model_d{r['d']}", {}).get("met")
         rows.append(
-            _row(
-                "Dimension (dense Gaussian, Algorithm 2)",
-                f"d = {r['d']}: fit of N steps / N value-gradient-Hessian evaluations, "
-                "after compile (ms per step)",
-                f"{it['over_model']:.2f}x ({it['ms_per_step']:.2f} ms)",
-                f"the model: {r['model']['ms_per_eval']:.2f} ms per evaluation",
-                "<= 3x" if met is not None else "—",
-                _met(met),
-            )
+            f"d = {r['d']}: fit of N steps / N value-gradient-Hessian evaluations, after "
+            "compile (ms per step) | "
+            f"{it['over_model']:.2f}x ({it['ms_per_step']:.2f} ms) | "
+            f"the model: {r['model']['ms_per_eval']:.2f} ms per evaluation | "
+            f"{'<= 3x' if met is not None else '—'} | {_met(met)}"
         )
-    return rows
+    return _rows("Dimension (dense Gaussian, Algorithm 2)", *rows)
 
 
-def first_fit(results: Path) -> list[dict]:
+def latent_gp_memory(results: Path) -> list[tuple[str, str]]:
+    d = _load(results, "latent_gp_memory")
+    return _rows(
+        f"Memory, latent GP (d = {d['settings']['d']})",
+        f"default fit, {d['settings']['num_steps']} steps: peak resident memory; ms per "
+        f"step after compile | {d['peak_rss_gb']:.2f} GB; {d['fit_ms_per_step']:.0f} ms | "
+        f"the model's Hessian: {d['model_ms_per_hessian']:.0f} ms | "
+        f"< {d['target']['peak_rss_gb_below']:g} GB | {_met(d['target']['met'])}",
+    )
+
+
+def first_fit(results: Path) -> list[tuple[str, str]]:
     d = _load(results, "first_fit")
-    rows = []
-    for name, m in d["models"].items():
-        ours, nuts = m["jaxvb"], m["nuts"]
-        rows.append(
-            _row(
-                "First fit, posteriordb",
-                f"{name}: first call, compile included (Laplace start, 1000 steps, "
-                "check, diagnostics); after compile",
-                f"{ours['first_call_s']:.1f} s; {1e3 * ours['run_s']:.0f} ms",
-                f"NUTS 1000 + 1000, same process: {nuts['first_call_s']:.1f} s; "
-                f"{nuts['run_s']:.1f} s",
-                ">= 3x sooner",
-                _met(m["speedup_first_call"] >= d["targets"]["speedup_first_call"]),
-            )
-        )
-    return rows
+    return _rows(
+        "First fit, posteriordb",
+        *(
+            f"{name}: first call, compile included (Laplace start, 1000 steps, check, "
+            f"diagnostics); after compile | {m['jaxvb']['first_call_s']:.1f} s; "
+            f"{1e3 * m['jaxvb']['run_s']:.0f} ms | NUTS 1000 + 1000, same process: "
+            f"{m['nuts']['first_call_s']:.1f} s; {m['nuts']['run_s']:.1f} s | "
+            ">= 3x sooner | "
+            f"{_met(m['speedup_first_call'] >= d['targets']['speedup_first_call'])}"
+            for name, m in d["models"].items()
+        ),
+    )
 
 
-def xla_options(results: Path) -> list[dict]:
+def xla_options(results: Path) -> list[tuple[str, str]]:
     d = _load(results, "xla_options")
-    rows = []
-    for name, m in d["median"].items():
-        ours, plain = m["jaxvb"], m["xla_defaults"]
-        rows.append(
-            _row(
-                "jaxvb's CPU compile options",
-                f"{name}: first call, compile included; after compile (medians of "
-                f"{d['rounds']} fresh processes)",
-                f"{ours['first_call_s']:.1f} s; {1e3 * ours['after_compile_s']:.0f} ms",
-                f"XLA's defaults: {plain['first_call_s']:.1f} s; "
-                f"{1e3 * plain['after_compile_s']:.0f} ms",
-                "first call sooner",
-                _met(ours["first_call_s"] < plain["first_call_s"]),
-            )
-        )
-    return rows
+
+    def times(t):
+        return f"{t['first_call_s']:.1f} s; {1e3 * t['after_compile_s']:.0f} ms"
+
+    return _rows(
+        "jaxvb's CPU compile options",
+        *(
+            f"{name}: first call, compile included; after compile (medians of "
+            f"{d['rounds']} fresh processes) | {times(m['jaxvb'])} | XLA's defaults: "
+            f"{times(m['xla_defaults'])} | first call sooner | "
+            f"{_met(m['jaxvb']['first_call_s'] < m['xla_defaults']['first_call_s'])}"
+            for name, m in d["median"].items()
+        ),
+    )
 
 
-def gpu(results: Path) -> list[dict]:
+def gpu(results: Path) -> list[tuple[str, str]]:
     """Each accelerator record of ``gpu.json`` against the CPU's numbers."""
     d = _load(results, "gpu")
+
+    def find(sections, name, largest=None, **match):
+        """The first row of a section that matches, or the one with the ``largest``."""
+        rows = _matching(sections.get(name, {}).get("rows", []), **match)
+        if largest:
+            return max(rows, key=lambda r: r[largest], default=None)
+        return next(iter(rows), None)
+
+    def secs(r, fmt=".2f"):
+        return f"{r['run']['median_s']:{fmt}} s"
+
+    # The CPU's numbers, the references of the GPU's rows.
     cpu = d["runs"].get("cpu", {}).get("sections", {})
-    rows = []
+    cpu_f64 = find(cpu, "probit", largest="num_datasets", variant="no_diagnostics")
+    cpu_long = find(cpu, "sv", largest="T", kind="single")
+    cpu_batch = find(cpu, "sv", kind="batch")
+    on_cpu_f64 = (
+        f"2-core CPU, float64: {cpu_f64['num_datasets']:,} in {secs(cpu_f64)}"
+        if cpu_f64
+        else "—"
+    )
+    on_cpu_long = (
+        f"2-core CPU (row scans), T = {cpu_long['T']:,}: {secs(cpu_long, '.1f')}"
+        if cpu_long
+        else "—"
+    )
+    on_cpu_batch = (
+        f"2-core CPU: {cpu_batch['num_series']} series in {secs(cpu_batch)}"
+        if cpu_batch
+        else "—"
+    )
+    out = []
     for device, run in d["runs"].items():
         if run.get("backend") == "cpu":
             continue
-        sections = run["sections"]
-        experiment = f"On a GPU ({device})"
-
-        def find(section, rows_of=sections, **match):
-            return next(
-                (
-                    r
-                    for r in rows_of.get(section, {}).get("rows", [])
-                    if "error" not in r and all(r.get(k) == v for k, v in match.items())
-                ),
-                None,
-            )
-
+        sections, rows = run["sections"], []
         big = max(r["num_datasets"] for r in sections["probit"]["rows"])
-        f64 = find("probit", num_datasets=big, variant="no_diagnostics")
-        f32 = find("probit", num_datasets=big, variant="float32_no_diagnostics")
-        full = find("probit", num_datasets=big, variant="default")
-        cpu_f64 = max(
-            (
-                r
-                for r in cpu.get("probit", {}).get("rows", [])
-                if r.get("variant") == "no_diagnostics" and "error" not in r
-            ),
-            key=lambda r: r["num_datasets"],
-            default=None,
-        )
+        f64 = find(sections, "probit", num_datasets=big, variant="no_diagnostics")
+        f32 = find(sections, "probit", num_datasets=big, variant="float32_no_diagnostics")
         if f64 and f32:
             rows.append(
-                _row(
-                    experiment,
-                    f"probit, {big:,} data sets in one call (Algorithm 2, 200 steps, "
-                    "no diagnostics): float64; float32",
-                    f"{f64['run']['median_s']:.2f} s; {f32['run']['median_s']:.2f} s",
-                    f"2-core CPU, float64: {cpu_f64['num_datasets']:,} in "
-                    f"{cpu_f64['run']['median_s']:.2f} s"
-                    if cpu_f64
-                    else "—",
-                    "—",
-                    "—",
-                )
+                f"probit, {big:,} data sets in one call (Algorithm 2, 200 steps, no "
+                f"diagnostics): float64; float32 | {secs(f64)}; {secs(f32)} | "
+                f"{on_cpu_f64}"
             )
-        if full:
+        if full := find(sections, "probit", num_datasets=big, variant="default"):
             peak = (full.get("device_memory") or {}).get("peak_bytes_in_use")
+            memory = f" (peak {peak / 1e9:.1f} GB)" if peak else ""
             rows.append(
-                _row(
-                    experiment,
-                    f"probit, {big:,} data sets with the default diagnostics (1000 "
-                    "draws, convergence check); 95% interval coverage of the true "
-                    "coefficients",
-                    f"{full['run']['median_s']:.1f} s"
-                    + (f" (peak {peak / 1e9:.1f} GB)" if peak else "")
-                    + f"; {100 * full['coverage_95']:.2f}%",
-                    "calibrated: 95%",
-                    "—",
-                    "—",
-                )
+                f"probit, {big:,} data sets with the default diagnostics (1000 draws, "
+                "convergence check); 95% interval coverage of the true coefficients | "
+                f"{secs(full, '.1f')}{memory}; {100 * full['coverage_95']:.2f}% | "
+                "calibrated: 95%"
             )
-        for d_row in sections.get("dimension", {}).get("rows", []):
-            if "error" in d_row:
-                continue
-            rows.append(
-                _row(
-                    experiment,
-                    f"dimension d = {d_row['d']}: ms per step, after compile",
-                    f"{d_row['fit']['iterations']['ms_per_step']:.1f} ms",
-                    f"the model: {d_row['model']['ms_per_eval']:.2f} ms per evaluation",
-                    "—",
-                    "—",
-                )
-            )
-        long = [
-            r
-            for r in sections["sv"]["rows"]
-            if r["kind"] == "single" and r["tridiagonal"] == "parallel" and "error" not in r
+        rows += [
+            f"dimension d = {r['d']}: ms per step, after compile | "
+            f"{r['fit']['iterations']['ms_per_step']:.1f} ms | the model: "
+            f"{r['model']['ms_per_eval']:.2f} ms per evaluation"
+            for r in _matching(sections.get("dimension", {}).get("rows", []))
         ]
-        if long:
-            top = max(long, key=lambda r: r["T"])
-            cpu_long = max(
-                (
-                    r
-                    for r in cpu.get("sv", {}).get("rows", [])
-                    if r["kind"] == "single" and "error" not in r
-                ),
-                key=lambda r: r["T"],
-                default=None,
-            )
+        if top := find(sections, "sv", largest="T", kind="single", tridiagonal="parallel"):
+            # and at the CPU's longest T, where both measured it
             same_t = cpu_long and find(
-                "sv", kind="single", T=cpu_long["T"], tridiagonal="parallel"
+                sections, "sv", kind="single", T=cpu_long["T"], tridiagonal="parallel"
             )
+            at_t = f" (T = {same_t['T']:,})" if same_t else ""
+            at_t_s = f" ({secs(same_t)})" if same_t else ""
             rows.append(
-                _row(
-                    experiment,
-                    f"stochastic volatility, T = {top['T']:,}, 250 steps, after compile"
-                    + (f" (T = {same_t['T']:,})" if same_t else ""),
-                    f"{top['run']['median_s']:.2f} s"
-                    + (f" ({same_t['run']['median_s']:.2f} s)" if same_t else ""),
-                    f"2-core CPU (row scans), T = {cpu_long['T']:,}: "
-                    f"{cpu_long['run']['median_s']:.1f} s"
-                    if cpu_long
-                    else "—",
-                    "—",
-                    "—",
-                )
+                f"stochastic volatility, T = {top['T']:,}, 250 steps, after compile{at_t} | "
+                f"{secs(top)}{at_t_s} | {on_cpu_long}"
             )
-        batch = find("sv", kind="batch", tridiagonal="parallel")
-        cpu_batch = find("sv", cpu, kind="batch")
-        if batch:
+        if batch := find(sections, "sv", kind="batch", tridiagonal="parallel"):
             rows.append(
-                _row(
-                    experiment,
-                    f"stochastic volatility, {batch['num_series']:,} series of "
-                    f"{batch['T']} days in one call",
-                    f"{batch['run']['median_s']:.2f} s",
-                    f"2-core CPU: {cpu_batch['num_series']} series in "
-                    f"{cpu_batch['run']['median_s']:.2f} s"
-                    if cpu_batch
-                    else "—",
-                    "—",
-                    "—",
-                )
+                f"stochastic volatility, {batch['num_series']:,} series of {batch['T']} "
+                f"days in one call | {secs(batch)} | {on_cpu_batch}"
             )
-    return rows
+        out += _rows(f"On a GPU ({device})", *rows)
+    return out
 
 
-def latent_gaussian(results: Path) -> list[dict]:
-    d = _load(results, "latent_gaussian")
-    rows = []
-    for name, p in d["problems"].items():
-        t = d["targets"][name]
-        ref = p["reference"]["settings"]
-        lo, hi = t["hyper_sd_ratios"]["value"]
-        accuracy = (t["hyper_means"], t["hyper_sd_ratios"], t["latent_rms_error"])
-        exp = f"Latent Gaussian: {p['title']}"
-        rows.append(
-            _row(
-                exp,
-                "hyperparameter means: worst error in NUTS sd; sd ratios; latent field: "
-                "rms error in NUTS sd",
-                f"{t['hyper_means']['value']:.2f}; {lo:.2f}-{hi:.2f}; "
-                f"{t['latent_rms_error']['value']:.3f}",
-                f"NUTS, {ref['num_chains']} x {ref['num_samples']} draws",
-                "<= 0.25; 0.7-1.3; <= 0.15",
-                _met(all(a["met"] for a in accuracy)),
-            )
-        )
-        speed, first = t["speedup_after_compile"], t["first_call_quicker"]["value"]
-        rows.append(
-            _row(
-                exp,
-                "default fit after compile: speed-up over NUTS 500 + 1000; first call "
-                "(compile included), jaxvb / NUTS",
-                f"{speed['value']:.0f}x; {first['jaxvb_s']:.1f} s / {first['nuts_s']:.1f} s",
-                f"NUTS after compile: {p['nuts']['run_s']:.1f} s",
-                ">= 20x; sooner",
-                f"{_met(speed['met'])}; {_met(t['first_call_quicker']['met'])}",
-            )
-        )
-    slope = d["targets"].get("scaling_slope")
-    if slope:
-        rows.append(
-            _row(
-                "Latent Gaussian: SV, simulated",
-                "log-log slope of fit time against T = "
-                + ", ".join(f"{n:,}" for n in d["settings"]["scaling_T"]),
-                f"{slope['value']:.2f}",
-                "linear: 1",
-                "1 ± 0.15",
-                _met(slope["met"]),
-            )
-        )
-    return rows
-
-
-def latent_gp_memory(results: Path) -> list[dict]:
-    d = _load(results, "latent_gp_memory")
-    return [
-        _row(
-            f"Memory, latent GP (d = {d['settings']['d']})",
-            f"default fit, {d['settings']['num_steps']} steps: peak resident memory; "
-            "ms per step after compile",
-            f"{d['peak_rss_gb']:.2f} GB; {d['fit_ms_per_step']:.0f} ms",
-            f"the model's Hessian: {d['model_ms_per_hessian']:.0f} ms",
-            f"< {d['target']['peak_rss_gb_below']:g} GB",
-            _met(d["target"]["met"]),
-        )
-    ]
-
-
-SECTIONS = (
-    exponential_toy,
-    beta_binomial,
-    probit,
-    stochastic_volatility,
-    latent_gaussian,
-    linalg_scaling,
-    robustness,
-    dimension,
-    latent_gp_memory,
-    first_fit,
-    xla_options,
-    gpu,
-)
-
-COLUMNS = ("experiment", "measured", "jaxvb", "reference", "target", "met")
-
-
-def _table_lines(rows, columns=COLUMNS) -> list[str]:
-    if columns[0] == "experiment" and len({r["experiment"] for r in rows}) == 1:
-        columns = columns[1:]  # one experiment: the page's title names it
-    lines = [
-        "| " + " | ".join(columns) + " |",
-        "|" + "---|" * len(columns),
-    ]
-    for r in rows:
-        lines.append("| " + " | ".join(str(r[c]) for c in columns) + " |")
-    return lines
+def _results_lines(rows) -> list[str]:
+    """The headline table; without the experiment column where all rows share one (a
+    page's title names it)."""
+    if len({experiment for experiment, _ in rows}) == 1:
+        return _table(" | ".join(COLUMNS[1:]), [cells for _, cells in rows])
+    return _table(" | ".join(COLUMNS), [" | ".join(row) for row in rows])
 
 
 def table(results: Path = RESULTS) -> str:
     """The Markdown table (and its note), as printed and as put into the README."""
-    rows = [r for section in SECTIONS for r in section(results)]
-    lines = _table_lines(rows)
+    rows = [r for page in PAGES.values() for r in page.rows(results)]
+    lines = _results_lines(rows)
     lines += [
         "",
         "Generated by `python benchmarks/summary.py --write-readme` from "
@@ -661,50 +461,18 @@ def table(results: Path = RESULTS) -> str:
 # The documentation's benchmark pages, generated from the same JSON files.
 
 
-class Page(NamedTuple):
-    """One benchmark's page: its title, what it measures and its figures."""
-
-    title: str
-    intro: str
-    figures: tuple[tuple[str, str], ...] = ()
-    details: Callable[[Path], list[str]] | None = None
-    results: tuple[str, ...] = ()  # the JSON files it reads, if not ``<name>.json``
-
-
-def _fmt(value, digits=3) -> str:
-    if isinstance(value, float):
-        return f"{value:.{digits}g}"
-    return str(value)
-
-
 def _toy_details(results: Path) -> list[str]:
     checks = _load(results, "exponential_toy")["checks"]
-    rows = [
-        (
-            "Algorithm 1 (the same draw for `g` and `C`)",
-            "exact",
-            f"max relative error {checks['joint_N4']['max_rel_error_all']:.1e}",
-        )
-    ]
-    for key, label in (
-        ("independent_N10000", "different randomness"),
-        ("analytic_N10000", "analytic `C`"),
-    ):
-        c = checks[key]
-        rows.append(
-            (
-                label,
-                c["paper"].split(" (")[0].replace("+-", "±"),
-                f"{c['eta_all']['mean']:.3f} ± {c['eta_all']['sd']:.3f}",
-            )
-        )
     neg = checks["negative_rates"]
+    error = checks["joint_N4"]["max_rel_error_all"]
+    rows = [
+        f"Algorithm 1 (the same draw for `g` and `C`) | exact | max relative error {error:.1e}",
+        *(" | ".join(rate) for rate in _toy_rates(checks)),
+    ]
     return [
         "Rate after `N` steps (exact: 2), mean ± sd over the repeats:",
         "",
-        "| estimator | paper | jaxvb |",
-        "|---|---|---|",
-        *(f"| {a} | {b} | {c} |" for a, b, c in rows),
+        *_table("estimator | paper | jaxvb", rows),
         "",
         "One-shot estimates from `S` draws of the optimal `q` (appendix D): the "
         "regression estimator is exact from `S = 2` (max error "
@@ -718,94 +486,82 @@ def _toy_details(results: Path) -> list[str]:
 
 def _beta_binomial_details(results: Path) -> list[str]:
     d = _load(results, "beta_binomial")
-    lines = [
+    quad = d["quadrature"]
+    err = quad["error_estimate"]
+
+    def mean(row, key):
+        return _mean(r[key] for r in row["repeats"])
+
+    rows = [
+        f"{row['K']} | {mean(row, 'exact_kl'):.4f} | {mean(row, 'kl'):.4f} | "
+        f"{mean(row, 'exact_r_squared'):.4f} / {mean(row, 'r_squared'):.4f} | "
+        f"{mean(row, 'log_evidence_error'):+.4f} | {1e3 * row['median_s']:.0f}"
+        for row in d["table"]
+    ]
+    return [
         "Means over the keys; *exact* values are from quadrature, *reported* ones are "
         "what the fit's own diagnostics say.",
         "",
-        "| K | exact KL | reported KL | R^2 exact / reported | log-evidence error "
-        "(reported) | ms per fit after compile (median) |",
-        "|---|---|---|---|---|---|",
-    ]
-
-    def mean(row, key):
-        values = [r[key] for r in row["repeats"]]
-        return sum(values) / len(values)
-
-    for row in d["table"]:
-        lines.append(
-            f"| {row['K']} | {mean(row, 'exact_kl'):.4f} | {mean(row, 'kl'):.4f} | "
-            f"{mean(row, 'exact_r_squared'):.4f} / {mean(row, 'r_squared'):.4f} | "
-            f"{mean(row, 'log_evidence_error'):+.4f} | {1e3 * row['median_s']:.0f} |"
-        )
-    quad = d["quadrature"]
-    err = quad["error_estimate"]
-    lines += [
+        *_table(
+            "K | exact KL | reported KL | R^2 exact / reported | log-evidence error "
+            "(reported) | ms per fit after compile (median)",
+            rows,
+        ),
         "",
         f"Quadrature: `log Z = {quad['log_z']:.6f}`, of which the tail beyond "
         f"`log K = 30` holds a fraction {quad['tail_mass_fraction']:.1e}; halving both "
         f"grids changes `log Z` by {err['log_z']:.1e} and the exact scores by at most "
         f"{err['exact_scores']:.1e}.",
     ]
-    return lines
 
 
 def _probit_details(results: Path) -> list[str]:
     d = _load(results, "probit")
-    lines = [
-        "Means over the data sets. *KL to NUTS*: mean KL from the NUTS reference's "
-        "Gaussian to `q`; *max SME*: the largest standardised error of the mean, in "
-        "posterior sd.",
-        "",
-        "| method | steps | likelihood evaluations | RMSE | log score | mean R^2 | "
-        "KL to NUTS | max SME |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    paper, rows = d["paper"], []
     for v in d["table"].values():
         if "num_steps" not in v:
             continue  # the NUTS reference's own row
         nuts = v.get("vs_nuts", {})
-        lines.append(
-            f"| {v['label']} | {v['num_steps']} | {v['likelihood_evaluations']:.0f} | "
+        rows.append(
+            f"{v['label']} | {v['num_steps']} | {v['likelihood_evaluations']:.0f} | "
             f"{v['rmse']:.4f} | {v['log_score']:.3f} | {v['r_squared']:.3f} | "
-            f"{nuts.get('kl', float('nan')):.4f} | {nuts.get('sme_max', float('nan')):.3f} |"
+            f"{nuts.get('kl', float('nan')):.4f} | {nuts.get('sme_max', float('nan')):.3f}"
         )
-    paper = d["paper"]
-    lines += [
+    return [
+        "Means over the data sets. *KL to NUTS*: mean KL from the NUTS reference's "
+        "Gaussian to `q`; *max SME*: the largest standardised error of the mean, in "
+        "posterior sd.",
+        "",
+        *_table(
+            "method | steps | likelihood evaluations | RMSE | log score | mean R^2 | "
+            "KL to NUTS | max SME",
+            rows,
+        ),
         "",
         f"The paper reports a log score of {paper['log_score_fixed_form']} for the "
         f"fixed-form methods against {paper['log_score_vbem']} for VBEM, and a mean "
         f"R^2 of {paper['mean_r_squared']}.",
     ]
-    return lines
 
 
 def _sv_details(results: Path) -> list[str]:
     d = _load(results, "stochastic_volatility")
     acc = d["accuracy"]["svapprox"]
     params = list(d["nuts"]["params"])
-    lines = [
-        f"Accuracy of {acc['num_fits']} fits with different keys against NUTS "
-        "(errors in NUTS posterior sd):",
-        "",
-        "| parameter | NUTS mean (sd) | first fit mean (sd) | mean error, worst fit | "
-        "sd ratio, worst fit |",
-        "|---|---|---|---|---|",
-    ]
-    for name in params:
-        nuts = d["nuts"]["params"][name]
+    rows = []
+    for name, nuts in d["nuts"]["params"].items():
         first = acc["fits"][0]["posterior"][name]
         errors = [f["vs_nuts"][name]["mean_error_in_nuts_sd"] for f in acc["fits"]]
         ratios = [f["vs_nuts"][name]["sd_ratio"] for f in acc["fits"]]
-        worst_ratio = max(ratios, key=lambda r: abs(r - 1))
-        lines.append(
-            f"| `{name}` | {nuts['mean']:.4f} ({nuts['sd']:.4f}) | "
-            f"{first['mean']:.4f} ({first['sd']:.4f}) | "
-            f"{max(errors, key=abs):+.3f} | {worst_ratio:.3f} |"
+        rows.append(
+            f"`{name}` | {nuts['mean']:.4f} ({nuts['sd']:.4f}) | "
+            f"{first['mean']:.4f} ({first['sd']:.4f}) | {max(errors, key=abs):+.3f} | "
+            f"{max(ratios, key=lambda r: abs(r - 1)):.3f}"
         )
-    lines.append("")
+    settled = []
     for equation, c in d["converged"].items():
         over = c["over_fits"]
-        lines.append(
+        settled.append(
             f"- eq. {equation}, the median of {c['num_fits']} fits of {c['num_steps']} "
             "steps (where it settles): mean error "
             + ", ".join(
@@ -814,60 +570,82 @@ def _sv_details(results: Path) -> list[str]:
             + "; sd ratio "
             + ", ".join(f"`{p}` {over[p]['sd_ratio']['median']:.3f}" for p in params)
         )
-    lines += [
+    speed = [
+        f"eq. {equation} | {r['num_eval_draws']} | {r['first_call_s']:.1f} s | "
+        f"{1e3 * r['run']['median_s']:.1f} ms"
+        for equation, runs in d["speed"].items()
+        for r in runs.values()
+    ]
+    return [
+        f"Accuracy of {acc['num_fits']} fits with different keys against NUTS "
+        "(errors in NUTS posterior sd):",
+        "",
+        *_table(
+            "parameter | NUTS mean (sd) | first fit mean (sd) | mean error, worst fit | "
+            "sd ratio, worst fit",
+            rows,
+        ),
+        "",
+        *settled,
         "",
         "Time of one fit, the first call (compile included) and the median after compile:",
         "",
-        "| equation | diagnostic draws | first call | after compile |",
-        "|---|---|---|---|",
+        *_table("equation | diagnostic draws | first call | after compile", speed),
     ]
-    for equation, rows in d["speed"].items():
-        for r in rows.values():
-            lines.append(
-                f"| eq. {equation} | {r['num_eval_draws']} | {r['first_call_s']:.1f} s | "
-                f"{1e3 * r['run']['median_s']:.1f} ms |"
-            )
-    return lines
+
+
+def _fmt(value) -> str:
+    """A float to 2 significant digits; anything else (a missing value) as it is."""
+    return f"{value:.2g}" if isinstance(value, float) else str(value)
 
 
 def _latent_details(results: Path) -> list[str]:
     d = _load(results, "latent_gaussian")
-    lines = [
+    sc, rows = d["scaling"], []
+    for name, p in d["problems"].items():
+        j, nuts = p["jaxvb"], p["nuts"]
+        imp = d["targets"][name].get("hyper_means_importance_corrected", {})
+        rows.append(
+            f"{p['title']} | {p['num_latent']} | "
+            f"{j['diagnostics']['run']['median_s']:.3f} s "
+            f"({j['no_diagnostics']['run']['median_s']:.3f} s) | {nuts['run_s']:.1f} s | "
+            f"{j['diagnostics']['first_call_s']:.1f} s / {nuts['first_call_s']:.1f} s | "
+            f"{_fmt(imp.get('value'))}, {_fmt(imp.get('khat'))}"
+        )
+    scaling = [
+        f"{r['T']:,} | {r['first_call_s']:.2f} s | {r['run_s']:.3f} s"
+        + (" (*)" if r["run_estimated"] else "")
+        for r in sc["rows"]
+    ]
+    return [
         "Per model: the size of the latent field `T`, the default fit's time after "
         "compile with and without diagnostics, NUTS (500 + 1000) on the same log "
         "joint, and the importance-corrected draws' hyperparameter error.",
         "",
-        "| model | `T` | jaxvb after compile (no diagnostics) | NUTS after compile | "
-        "first call jaxvb / NUTS | importance-corrected: worst mean error, k-hat |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, p in d["problems"].items():
-        j, t = p["jaxvb"], d["targets"][name]
-        imp = t.get("hyper_means_importance_corrected", {})
-        lines.append(
-            f"| {p['title']} | {p['num_latent']} | "
-            f"{j['diagnostics']['run']['median_s']:.3f} s "
-            f"({j['no_diagnostics']['run']['median_s']:.3f} s) | "
-            f"{p['nuts']['run_s']:.1f} s | {j['diagnostics']['first_call_s']:.1f} s / "
-            f"{p['nuts']['first_call_s']:.1f} s | "
-            f"{_fmt(imp.get('value'), 2)}, {_fmt(imp.get('khat'), 2)} |"
-        )
-    sc = d["scaling"]
-    lines += [
+        *_table(
+            "model | `T` | jaxvb after compile (no diagnostics) | NUTS after compile | "
+            "first call jaxvb / NUTS | importance-corrected: worst mean error, k-hat",
+            rows,
+        ),
         "",
         f"SV fits of simulated series of length `T` ({sc['num_steps']} steps, no "
         "diagnostics); where no call is repeated, the time after compile is the first "
         "call less JAX's compile seconds (*).",
         "",
-        "| `T` | first call | after compile |",
-        "|---|---|---|",
+        *_table("`T` | first call | after compile", scaling),
     ]
-    for r in sc["rows"]:
-        estimated = " (*)" if r["run_estimated"] else ""
-        lines.append(
-            f"| {r['T']:,} | {r['first_call_s']:.2f} s | {r['run_s']:.3f} s{estimated} |"
-        )
-    return lines
+
+
+class Page(NamedTuple):
+    """One benchmark's page: its title, what it measures, its headline rows, its
+    figures, its details and the JSON files it reads (if not ``<name>.json``)."""
+
+    title: str
+    intro: str
+    rows: Callable[[Path], list[tuple[str, str]]] | None = None
+    figures: tuple[tuple[str, str], ...] = ()
+    details: Callable[[Path], list[str]] | None = None
+    results: tuple[str, ...] = ()
 
 
 PAGES = {
@@ -877,6 +655,7 @@ PAGES = {
         "distribution fitted to an exponential target, where Algorithm 1 is exact "
         "after `2(k + 1)` steps, against the two weaker estimators of `C` the paper "
         "shows to be biased (*different randomness* and *analytic `C`*).",
+        exponential_toy,
         (
             ("exponential_toy_iterations.png", "Algorithm 1 against the weaker estimators"),
             ("exponential_toy_estimators.png", "One-shot estimators from S draws"),
@@ -888,6 +667,7 @@ PAGES = {
         "Section 6.2: mixtures of `K = 1..8` Gaussians (`jaxvb.GaussianMixture`) "
         "fitted to the skewed beta-binomial posterior of the cancer mortality data, "
         "scored against two-dimensional quadrature (exact KL, R^2 and log normaliser).",
+        beta_binomial,
         (
             ("beta_binomial_kl.png", "Exact and reported KL against K"),
             (
@@ -903,6 +683,7 @@ PAGES = {
         "prior with one draw per step: Algorithm 1, the factor (site) regressions, "
         "Algorithm 2 with and without minibatches, and VBEM; accuracy against NUTS "
         "references, and speed against NumPyro SVI at equal accuracy.",
+        probit,
         (("probit.png", "RMSE against likelihood evaluations, per method"),),
         _probit_details,
     ),
@@ -913,6 +694,7 @@ PAGES = {
         "Inverse-Gamma blocks for the parameters, a Gaussian over the volatilities "
         "handled in O(T)), against a long NUTS reference: its time (eq. svapprox, the "
         "paper's, and eq. sv2) and its accuracy.",
+        stochastic_volatility,
         (
             ("stochastic_volatility_posteriors.png", "Posteriors of beta, phi and s2"),
             ("stochastic_volatility_volatility.png", "Smoothed volatility with 90% bands"),
@@ -927,6 +709,7 @@ PAGES = {
         "grid and a binomial GLMM — against long NUTS references, and NUTS run on the "
         "same log joint in the same process; and the time of the stochastic volatility "
         "fit against the length `T = 10^3 ... 10^6` of the series.",
+        latent_gaussian,
         (
             ("latent_gaussian_accuracy.png", "Hyperparameter posteriors against NUTS"),
             ("latent_gaussian_speed.png", "Time against NUTS, and against T"),
@@ -939,18 +722,21 @@ PAGES = {
         "`jaxvb.linalg`'s Cholesky factor and selected inverse of the stochastic "
         "volatility model's precision (tridiagonal, with one dense border) for "
         "`T = 10^3 ... 10^6`: the time should grow linearly in `T`.",
+        linalg_scaling,
     ),
     "robustness": Page(
         "Robustness on real posteriors",
         "Algorithm 2 from a new user's start (`N(0, I)`) and from the Laplace start, "
         "on real posteriors with several keys each: how many fits are accurate, and "
         "whether every inaccurate fit is flagged (never a silent NaN).",
+        robustness,
     ),
     "dimension": Page(
         "Dimension",
         "A hierarchical logistic regression with `d = G + 2` parameters: what a step "
         "of the dense Gaussian's Algorithm 2 costs against the model's own value, "
         "gradient and Hessian.",
+        dimension,
         (("dimension.png", "Time per step and peak memory against the dimension"),),
     ),
     "latent_gp_memory": Page(
@@ -958,12 +744,14 @@ PAGES = {
         "A Poisson model with a Gaussian-process prior written as a user would (a "
         "100 x 100 Cholesky inside `log_joint`, `d = 102`), fitted with every default: "
         "peak resident memory and time per step.",
+        latent_gp_memory,
     ),
     "first_fit": Page(
         "First fit",
         "The first call of `jaxvb.fit` from a start point (compile included) on "
         "posteriordb posteriors, against NumPyro NUTS's first run on the same log "
         "density in the same process.",
+        first_fit,
     ),
     "xla_options": Page(
         "Compile options",
@@ -971,16 +759,16 @@ PAGES = {
         "in `jaxvb/_platform.py`) against XLA's defaults, as a user's own programs "
         "compile: the first call, compile included, and the calls after it, each "
         "variant in a fresh process.",
+        xla_options,
     ),
     "gpu": Page(
         "On a GPU",
         "What a CPU cannot show: probit over up to 100,000 data sets in one call of "
         "`jaxvb.fit_batched`, the dense Gaussian at large `d`, and the stochastic "
         "volatility model on long series and many series at once.",
+        gpu,
     ),
 }
-
-BENCHMARKS = Path(__file__).resolve().parent
 
 
 def pages(results: Path = RESULTS) -> dict[str, Page]:
@@ -1000,46 +788,37 @@ def pages(results: Path = RESULTS) -> dict[str, Page]:
             for f in sorted(results.glob(f"{name}*.png"))
             if f.name not in shown
         )
-        found[name] = Page(title, f"{title}.", figures)
+        found[name] = Page(title, f"{title}.", figures=figures)
     return found
 
 
 #: The environment keys shown on a page, in this order.
 ENVIRONMENT = (
-    "backend",
-    "devices",
-    "cpu_count",
-    "x64",
-    "jax_version",
-    "jaxlib_version",
-    "numpyro_version",
-    "numpy_version",
-    "python",
-    "xla_flags",
-)
+    "backend devices cpu_count x64 jax_version jaxlib_version numpyro_version "
+    "numpy_version python xla_flags"
+).split()
+
+
+def _settings_table(rows: dict) -> list[str]:
+    """A ``setting | value`` table of ``{key: text}`` (none if it is empty)."""
+    rows = [f"{key.replace('_', ' ')} | `{text}`" for key, text in rows.items()]
+    return _table("setting | value", rows) if rows else []
 
 
 def _environment_lines(env: dict) -> list[str]:
-    rows = [(k, env[k]) for k in ENVIRONMENT if env.get(k) not in (None, "", [])]
-    if not rows:
-        return []
-    lines = ["| setting | value |", "|---|---|"]
-    for key, value in rows:
-        if isinstance(value, list):
-            value = ", ".join(map(str, value))
-        lines.append(f"| {key.replace('_', ' ')} | `{value}` |")
-    return lines
+    return _settings_table(
+        {
+            k: ", ".join(map(str, env[k])) if isinstance(env[k], list) else env[k]
+            for k in ENVIRONMENT
+            if env.get(k) not in (None, "", [])
+        }
+    )
 
 
 def _settings_lines(settings: dict) -> list[str]:
     """The short settings of a results file, one row each (long lists are left out)."""
-    rows = []
-    for key, value in settings.items():
-        text = json.dumps(value, ensure_ascii=False)
-        if len(text) > 80:
-            continue
-        rows.append(f"| {key.replace('_', ' ')} | `{text}` |")
-    return ["| setting | value |", "|---|---|", *rows] if rows else []
+    texts = {k: json.dumps(v, ensure_ascii=False) for k, v in settings.items()}
+    return _settings_table({k: text for k, text in texts.items() if len(text) <= 80})
 
 
 def page(name: str, results: Path = RESULTS, figures: bool = True) -> str:
@@ -1052,33 +831,21 @@ def page(name: str, results: Path = RESULTS, figures: bool = True) -> str:
 
 def benchmark_page(name: str, page: Page, results: Path = RESULTS) -> str:
     """The Markdown page of one benchmark, from its results."""
-    section = next((s for s in SECTIONS if s.__name__ == name), None)
     files = page.results or (name,)
-    if not (results / f"{files[0]}.json").exists() and section is None:
-        return "\n".join(
-            [
-                f"# {page.title}",
-                "",
-                page.intro,
-                "",
-                f"No results are recorded yet: run `python benchmarks/{name}.py`.",
-                "",
-            ]
-        )
+    lines = [f"# {page.title}", "", page.intro, ""]
+    if not (results / f"{files[0]}.json").exists() and page.rows is None:
+        lines += [f"No results are recorded yet: run `python benchmarks/{name}.py`.", ""]
+        return "\n".join(lines)
     data = _load(results, files[0])
-    lines = [
-        f"# {page.title}",
-        "",
-        page.intro,
-        "",
+    lines += [
         f"Run it with `python benchmarks/{name}.py` (`--quick` for a short smoke run); "
         "it writes its results to `benchmarks/results/` ("
         + ", ".join(f"`{f}.json`" for f in files)
         + (") and the figures below." if page.figures else ")."),
         "",
     ]
-    if section is not None:
-        lines += ["## Headline results", "", *_table_lines(section(results)), ""]
+    if page.rows is not None:
+        lines += ["## Headline results", "", *_results_lines(page.rows(results)), ""]
     if page.details is not None:
         lines += ["## Details", "", *page.details(results), ""]
     if page.figures:
@@ -1104,11 +871,9 @@ def docs_pages(results: Path = RESULTS) -> dict[str, str | Path]:
 
     ``benchmarks/index.md`` holds the results table with a link to each benchmark's
     page, ``benchmarks/<name>.md`` the page, ``benchmarks/<figure>.png`` its figures
-    (the files in ``results``). The documentation build calls this
-    (``docs/hooks/benchmarks.py``), so the pages are always those of the JSON files.
+    (the files in ``results``).
     """
     every = pages(results)
-    out: dict[str, str | Path] = {}
     index = [
         "# Benchmarks",
         "",
@@ -1120,12 +885,11 @@ def docs_pages(results: Path = RESULTS) -> dict[str, str | Path]:
         "whether the result meets the target set for it.",
         "",
     ]
-    sections = {section.__name__: section for section in SECTIONS}
     for name, page in every.items():
         index += [f"## [{page.title}]({name}.md)", "", page.intro, ""]
-        if name in sections:
-            index += [*_table_lines(sections[name](results)), ""]
-    out["benchmarks/index.md"] = "\n".join(index)
+        if page.rows is not None:
+            index += [*_results_lines(page.rows(results)), ""]
+    out: dict[str, str | Path] = {"benchmarks/index.md": "\n".join(index)}
     for name, page in every.items():
         out[f"benchmarks/{name}.md"] = benchmark_page(name, page, results)
         for figure, _ in page.figures:
@@ -1151,8 +915,7 @@ def with_table(text: str, block: str) -> str:
     """``text`` with what is between the markers replaced by ``block``."""
     readme_block(text)  # checks the markers
     head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    return f"{head}{START}\n{block}{END}{tail}"
+    return f"{head}{START}\n{block}{END}{rest.split(END, 1)[1]}"
 
 
 def main(argv=None) -> int:
