@@ -22,6 +22,18 @@ def load(name):
     return module
 
 
+def run_quick(name, tmp_path):
+    """``benchmarks/<name>.py --quick`` in a process of its own; its results."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / f"{name}.py"), "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((tmp_path / f"{name}.json").read_text())
+
+
 def test_harness(tmp_path):
     """``_common``: first call and calls after compile, the JSON round trip of numpy
     values, and a worker process's payloads (also those before a time limit)."""
@@ -169,15 +181,7 @@ def test_latent_gaussian_quick(tmp_path):
     module turns on float64), and the format of ``--refs``'s references."""
     pytest.importorskip("matplotlib")
     pytest.importorskip("numpyro")
-    proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "latent_gaussian.py"), "--quick"]
-        + ["--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((tmp_path / "latent_gaussian.json").read_text())
+    result = run_quick("latent_gaussian", tmp_path)
     glmm = result["problems"]["glmm_baseball"]
     for variant in ("diagnostics", "no_diagnostics"):
         timing = glmm["jaxvb"][variant]
@@ -275,15 +279,7 @@ def test_gpu_quick(tmp_path):
 
 def test_dimension_quick(tmp_path):
     pytest.importorskip("matplotlib")
-    proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "dimension.py"), "--quick"]
-        + ["--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((tmp_path / "dimension.json").read_text())
+    result = run_quick("dimension", tmp_path)
     rows = result["rows"]
     assert [r["d"] for r in rows] == [12, 32] and all("error" not in r for r in rows)
     for r in rows:
