@@ -17,6 +17,7 @@ import pytest
 numpyro = pytest.importorskip("numpyro")
 az = pytest.importorskip("arviz")
 import numpyro.distributions as dist  # noqa: E402
+from test_numpyro_latent import COUNTS, WALK, poisson_walk, walk_group  # noqa: E402
 
 import jaxvb  # noqa: E402
 import jaxvb.numpyro  # noqa: E402
@@ -291,32 +292,19 @@ def test_vmap_over_keys_and_a_plain_result_slice_the_same_way():
 
 
 @pytest.mark.slow
+@walk_group
 def test_latent_route_predicts_and_scores():
-    # A Poisson GLM with a Gaussian field, fitted with latent="f" (q(theta) q(f | theta)).
-    counts = jnp.array([0, 2, 1, 4, 3, 0, 1, 5])
-
-    def glm(counts):
-        s = numpyro.sample("s", dist.HalfNormal(1.0))
-        with numpyro.plate("cells", counts.shape[0]):
-            f = numpyro.sample("f", dist.Normal(0.0, s))
-            numpyro.deterministic("rate", jnp.exp(f))
-            numpyro.sample("counts", dist.Poisson(jnp.exp(f)), obs=counts)
-
-    res = jaxvb.numpyro.fit(
-        glm,
-        jax.random.key(13),
-        counts,
-        num_steps=200,
-        latent="f",
-        fit_kwargs={"on_failure": "ignore"},
-    )
+    # Counts with a Gaussian random-walk log-rate, fitted with latent="f" (q(theta)
+    # q(f | theta)): test_numpyro_latent's model and settings, whose program its tests
+    # compile in this worker.
+    res = jaxvb.numpyro.fit(poisson_walk, jax.random.key(13), COUNTS, **WALK)
     key = jax.random.key(14)
     draws = res.predictive(key, 30)
-    assert list(draws) == ["s", "f", "rate", "counts"]
-    assert draws["counts"].shape == (30, 8) and draws["f"].shape == (30, 8)
+    assert list(draws) == ["s", "f", "rate", "y"]
+    assert draws["y"].shape == (30, 8) and draws["f"].shape == (30, 8)
     np.testing.assert_array_equal(draws["f"], res.sample(key, 30)["f"])
     idata = res.to_arviz(key, 30, posterior_predictive=True)
-    ll = idata.log_likelihood["counts"].values.reshape(30, 8)
-    expected = dist.Poisson(jnp.exp(draws["f"])).log_prob(counts)
+    ll = idata.log_likelihood["y"].values.reshape(30, 8)
+    expected = dist.Poisson(jnp.exp(draws["f"])).log_prob(COUNTS)
     np.testing.assert_allclose(ll, expected, rtol=1e-10)
-    assert idata.posterior["rate"].dims == ("chain", "draw", "cells")
+    assert idata.posterior["rate"].dims == ("chain", "draw", "t")

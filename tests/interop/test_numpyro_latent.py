@@ -49,16 +49,24 @@ def test_conjugate_model_is_exact():
 
 
 def poisson_walk(y):
+    """Counts with a random-walk log-rate (``test_numpyro_after`` predicts from its fit:
+    hence the deterministic site, which is not in the log joint)."""
     s = numpyro.sample("s", dist.HalfNormal(1.0))
     f = numpyro.sample("f", dist.GaussianRandomWalk(s, num_steps=y.shape[0]))
     with numpyro.plate("t", y.shape[0]):
+        numpyro.deterministic("rate", jnp.exp(f))
         numpyro.sample("y", dist.Poisson(jnp.exp(f)), obs=y)
 
 
 COUNTS = jnp.array([0.0, 2.0, 1.0, 4.0, 3.0, 5.0, 4.0, 7.0])
+#: The settings of every fit of ``poisson_walk``: one compiled program for the tests
+#: below and ``test_numpyro_after``'s latent route, run in one worker.
+WALK = {"num_steps": 50, "latent": "f", "fit_kwargs": FIT}
+walk_group = pytest.mark.xdist_group("numpyro_latent_walk")
 
 
 @pytest.mark.slow
+@walk_group
 def test_same_fit_as_the_latent_gaussian_by_hand():
     """A GaussianRandomWalk prior is a tridiagonal precision; theta = log s, with the
     HalfNormal prior and its log-Jacobian."""
@@ -71,11 +79,11 @@ def test_same_fit_as_the_latent_gaussian_by_hand():
         data=COUNTS,
     )
     key_init, key_fit = jax.random.split(KEY)  # as jaxvb.numpyro.fit splits its key
-    via = jaxvb.numpyro.fit(poisson_walk, KEY, COUNTS, num_steps=100, latent="f")
+    via = jaxvb.numpyro.fit(poisson_walk, KEY, COUNTS, **WALK)
     # the same start: init_to_median's s, on the log scale
     lj = jaxvb.numpyro.log_joint(poisson_walk, COUNTS)
     x0 = lj.init_point(key_init, numpyro.infer.init_to_median)
-    direct = jaxvb.fit(by_hand, x0[:1], key_fit, num_steps=100)
+    direct = jaxvb.fit(by_hand, x0[:1], key_fit, num_steps=50, **FIT)
     # equal up to round-off (the two compute the model's terms in different orders,
     # and the Hessian's differences amplify round-off)
     tol = {"rtol": 1e-6, "atol": 1e-9}
@@ -86,18 +94,13 @@ def test_same_fit_as_the_latent_gaussian_by_hand():
 
 
 @pytest.mark.slow
+@walk_group
 def test_compiles_once_per_model_structure():
-    jaxvb.numpyro.fit(poisson_walk, KEY, COUNTS, num_steps=50, latent="f", fit_kwargs=FIT)
+    # compiled here, or found compiled by the fit of the test above
+    jaxvb.numpyro.fit(poisson_walk, KEY, COUNTS, **WALK)
     new_counts, key = COUNTS + 1.0, jax.random.key(1)
     with compilations() as names:
-        res = jaxvb.numpyro.fit(
-            poisson_walk,
-            key,
-            new_counts,
-            num_steps=50,
-            latent="f",
-            fit_kwargs=FIT,
-        )
+        res = jaxvb.numpyro.fit(poisson_walk, key, new_counts, **WALK)
     assert names == [], names
     assert bool(res.ok), jaxvb.explain(res)
 
