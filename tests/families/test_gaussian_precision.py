@@ -201,8 +201,12 @@ def test_hessian_solve_is_one_cholesky_and_vector_solves():
 
 
 @pytest.mark.slow  # (test_draws_held_at_once_shrink_with_the_dimension stays fast)
-@pytest.mark.parametrize("num_draws", [200, 257])
-def test_chunked_diagnostics_equal_unchunked(num_draws):
+def test_chunked_diagnostics_equal_unchunked():
+    # Every layout of the chunks (evenly cut into c <= chunk_size): one chunk (200),
+    # chunks of one draw (1), several without padding (50, 100, 199: two of 100) and
+    # with padded repeats (7: 29 of 7 with 3 repeats; 67: 3 of 67 with 1; the Gamma's
+    # 16: 13 of 16 with 8).
+    num_draws = 200
     mean, cov = random_gaussian(6, d=3)
     q = jaxvb.Gaussian(mean, cov)
 
@@ -215,7 +219,7 @@ def test_chunked_diagnostics_equal_unchunked(num_draws):
     x, log_q = q.sample_and_log_prob(key, (num_draws,))
     r = jax.vmap(log_joint)(x) - log_q
     np.testing.assert_allclose(whole.elbo, jnp.mean(r), rtol=1e-13)
-    for chunk in (1, 7, 50, 100, num_draws - 1):
+    for chunk in (1, 7, 50, 67, 100, num_draws - 1):
         part = jaxvb.diagnostics.evaluate(key, q, log_joint, num_draws, chunk_size=chunk)
         for name, a, b in zip(part._fields, part, whole, strict=True):
             # the same draws, to the last bit or so: the normals' log and cos (and
