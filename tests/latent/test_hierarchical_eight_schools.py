@@ -32,6 +32,7 @@ import pytest
 from scipy import integrate, optimize, special, stats
 
 import jaxvb
+import jaxvb.composite  # the module, which ``import jaxvb`` alone does not bind
 from jaxvb.linalg import gaussian_arrowhead, to_dense_arrowhead
 from jaxvb.models import eight_schools as es
 
@@ -175,7 +176,7 @@ def _fitted_moments(q, a, b):
         _, mean, cov = gaussian_arrowhead(p, c)
         return mean, cov.corner[0, 0]
 
-    mean, var_mu = (np.asarray(v) for v in jax.vmap(conditional)(jnp.asarray(t)))
+    mean, var_mu = (np.asarray(v) for v in jax.jit(jax.vmap(conditional))(jnp.asarray(t)))
     e = w @ mean
     sd_mu = math.sqrt(w @ (var_mu + mean[:, -1] ** 2) - e[-1] ** 2)
     return np.concatenate([[a / b, math.sqrt(a) / b, e[-1], sd_mu], e[:-1]])
@@ -210,15 +211,24 @@ def test_log_joint_matches_structure_and_scipy():
         + stats.norm(mu, tau).logpdf(theta).sum()
         + stats.norm(theta, SIGMA).logpdf(Y).sum()
     )
-    assert float(es.hierarchical_log_joint(jnp.asarray(x))) == pytest.approx(ref, abs=1e-10)
-    assert float(es.hierarchical_log_joint(jnp.asarray(x).at[0].set(-1.0))) == -np.inf
-
     # the jaxvb.LatentGaussian of the fit: its log joint of (tau, f), and its prior's
     # density (log_norm given) against the one its factorisation gives
     model = es.hierarchical_structure()
-    assert float(model(jnp.asarray(x))) == pytest.approx(ref, abs=1e-10)
-    mean, q, log_norm = model.prior_of_field(jnp.asarray(x[:1]))
-    dense = np.asarray(to_dense_arrowhead(q))
+
+    @jax.jit  # one program, not one per operation
+    def evaluate(x):
+        _, q, log_norm = model.prior_of_field(x[:1])
+        log_joint = es.hierarchical_log_joint
+        return (
+            (log_joint(x), log_joint(x.at[0].set(-1.0)), model(x)),
+            (to_dense_arrowhead(q), log_norm),
+        )
+
+    (log_joint, outside, log_joint_model), (dense, log_norm) = evaluate(jnp.asarray(x))
+    assert float(log_joint) == pytest.approx(ref, abs=1e-10)
+    assert float(outside) == -np.inf
+    assert float(log_joint_model) == pytest.approx(ref, abs=1e-10)
+    dense = np.asarray(dense)
     f = x[1:]
     assert float(log_norm) - 0.5 * f @ dense @ f == pytest.approx(
         stats.multivariate_normal(np.zeros(9), np.linalg.inv(dense)).logpdf(f), abs=1e-10
@@ -231,9 +241,14 @@ def test_status_and_gaussian_block_exact(result):
     """The fit is clean, and its ``q(f | tau)`` is ``p(f | tau, y)`` at every ``tau``."""
     assert int(result.status) == 0, jaxvb.explain(result)
     assert isinstance(result.q, jaxvb.composite.Hierarchical)
+
+    @jax.jit  # one program for every tau, not one per operation
+    def moments(q, tau):
+        _, p, c = q.gaussian.precision_and_shift(tau)
+        return gaussian_arrowhead(p, c)[1:]
+
     for tau in (0.05, 1.0, 3.6, 10.0, 40.0):
-        _, p, c = result.q.gaussian.precision_and_shift(jnp.array([tau]))
-        _, mean, cov = gaussian_arrowhead(p, c)
+        mean, cov = moments(result.q, jnp.array([tau]))
         m_mu, v_mu, m_theta = _conditional(tau)
         np.testing.assert_allclose(np.asarray(mean[:-1]), m_theta, rtol=1e-8, atol=1e-8)
         assert float(mean[-1]) == pytest.approx(m_mu, rel=1e-8)
