@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_bad_input
 import test_fit
 import test_latent
 from helpers import family_rel_err, rel_err, tiered
@@ -119,10 +120,9 @@ def test_same_family_target_is_recovered_exactly(case):
     dtype = DTYPES[dtype]
     target, q0 = test_fit.SAME_FAMILY[name]
     offset = 3.0
-
-    def log_joint(x):
-        return cast_tree(target, dtype).log_prob(x) + offset
-
+    # test_fit's log joint, the target traced: its float32 Gaussian (Algorithm 2) and
+    # test_gradient's Gaussian are these programs
+    log_joint = test_fit.shifted(cast_tree(target, dtype), offset)
     res = jaxvb.fit(log_joint, cast_tree(q0, dtype), KEY, num_steps=60, method=method)
     assert_dtype(res, dtype)
     tol = exact_tol(method, target, dtype)
@@ -195,7 +195,14 @@ def test_diagnostics_in_closed_form(dtype):
     def log_joint(x):
         return p.log_prob(x) + c
 
-    out = jaxvb.diagnostics.evaluate(KEY, q, log_joint, num_draws=2000)
+    @jax.jit  # one program, not one per operation
+    def run(q, p):
+        out = jaxvb.diagnostics.evaluate(KEY, q, log_joint, num_draws=2000)
+        exact = jaxvb.diagnostics.evaluate(KEY, p, log_joint, num_draws=2000)
+        x = q.sample(KEY, (2000,))
+        return out, exact, jax.vmap(log_joint)(x) - jax.vmap(q.log_prob)(x)
+
+    out, exact, r = run(q, p)
     for v in (out.elbo, out.r_squared, out.kl, out.log_evidence):
         assert v.dtype == dtype
     # Rounding: log p and log q are ~|c| in size, their difference varies by ~0.3.
@@ -209,14 +216,13 @@ def test_diagnostics_in_closed_form(dtype):
     assert 0.0 <= float(out.khat) <= 0.5  # 1 - s^2 = 0.2, k-hat's own error ~0.1
 
     # PSIS in float32 on the same log ratios as in float64: equal to their rounding.
-    x = q.sample(KEY, (2000,))
-    r = np.asarray(jax.vmap(log_joint)(x) - jax.vmap(q.log_prob)(x), np.float64)
-    ref = jaxvb.diagnostics.psis(jnp.asarray(r, jnp.float64))
-    got = jaxvb.diagnostics.psis(jnp.asarray(r, dtype))
+    r = np.asarray(r, np.float64)
+    psis = jax.jit(jaxvb.diagnostics.psis)
+    ref = psis(jnp.asarray(r, jnp.float64))
+    got = psis(jnp.asarray(r, dtype))
     assert abs(float(got.khat) - float(ref.khat)) <= 1e4 * eps(dtype)
     np.testing.assert_allclose(got.log_weights, ref.log_weights, atol=1e3 * eps(dtype))
 
-    exact = jaxvb.diagnostics.evaluate(KEY, p, log_joint, num_draws=2000)
     assert abs(float(exact.log_evidence) - c) <= rounding
     assert abs(float(exact.elbo) - c) <= rounding
     assert float(exact.kl) <= rounding**2
@@ -275,6 +281,11 @@ def test_probit_against_quadrature(probit_quadrature, dtype):
 # --- a start from a point: the Laplace approximation -----------------------------------
 
 
+def logistic_log_joint(v, t, b):
+    eta = v @ b
+    return jnp.sum(t * eta - jnp.logaddexp(0.0, eta)) - 0.005 * jnp.sum(b**2)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_laplace_start_of_a_large_logistic_regression(dtype):
@@ -287,14 +298,10 @@ def test_laplace_start_of_a_large_logistic_regression(dtype):
     beta = np.array([0.5, -1.0, 0.25, 0.0, 1.5])
     y = (rng.uniform(size=20_000) < 1 / (1 + np.exp(-x @ beta))).astype(float)
 
-    def model():
-        v, t = jnp.asarray(x, float), jnp.asarray(y, float)
-
-        def logistic(b):
-            eta = v @ b
-            return jnp.sum(t * eta - jnp.logaddexp(0.0, eta)) - 0.005 * jnp.sum(b**2)
-
-        return logistic
+    def model():  # the data traced: the reference and the start share a program
+        return jax.tree_util.Partial(
+            logistic_log_joint, jnp.asarray(x, float), jnp.asarray(y, float)
+        )
 
     mode = jaxvb.laplace(model(), jnp.zeros(5))  # float64, the reference
     res = in_dtype(
@@ -325,11 +332,9 @@ def test_a_large_constant_in_log_p(dtype):
     c = 1e6
     ulp = c * eps(dtype)
     noise = ulp / math.sqrt(12)
-
-    def log_joint(x):
-        return -c - 0.5 * jnp.sum((x - 1.0) ** 2 / 0.25)
-
     q0 = jaxvb.Gaussian(jnp.zeros(2, dtype), jnp.eye(2, dtype=dtype))
+    # test_bad_input's log joint and settings: its float32 fits share this program
+    log_joint = test_bad_input.large_constant(c, dtype)
     res = jaxvb.fit(log_joint, q0, KEY, num_steps=400, method="regression")
     assert_dtype(res, dtype)
     sd = 0.5
@@ -345,7 +350,11 @@ def test_a_large_constant_in_log_p(dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize(
+    "dtype",
+    # float64: test_latent's own fit (its program), on test_latent's worker
+    [pytest.param("f64", marks=pytest.mark.xdist_group("latent_conjugate")), "f32"],
+)
 def test_latent_gaussian_conjugate_model_is_exact(dtype):
     """test_latent's conjugate model (float64 there, to 1e-10). Exact up to the solves
     of an 8 x 8 banded system and the Newton sites: 100 eps (1e-5 in float32; measured
@@ -367,7 +376,11 @@ def test_latent_gaussian_conjugate_model_is_exact(dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize(
+    "dtype",
+    # float64: test_latent's own model and fit (its program), on test_latent's worker
+    [pytest.param("f64", marks=pytest.mark.xdist_group("latent_trend")), "f32"],
+)
 def test_latent_value_regression_is_exact_in_either_dtype(dtype):
     """test_latent's two-hyperparameter conjugate model with ``hessian="values"`` (the
     default where the factorisation is costly): ``q(theta)`` exact up to the solves,
@@ -375,15 +388,18 @@ def test_latent_value_regression_is_exact_in_either_dtype(dtype):
     gradient regression)."""
     dtype = DTYPES[dtype]
     tl = test_latent
-    model = jaxvb.LatentGaussian(
-        log_prior=lambda th: -0.5 * jnp.sum(th**2) / tl.PRIOR_VAR_THETA,
-        prior=lambda th: (
-            th[0] + th[1] * tl.TREND.astype(dtype),
-            jaxvb.linalg.Banded(tl._ar1_band().astype(dtype)),
-        ),
-        log_lik=lambda f, y: -0.5 * (y - f) ** 2 / tl.NOISE_VAR,
-        data=tl.Y.astype(dtype),
-    )
+    if dtype == jnp.float64:
+        model = tl._trend_model()
+    else:
+        model = jaxvb.LatentGaussian(
+            log_prior=lambda th: -0.5 * jnp.sum(th**2) / tl.PRIOR_VAR_THETA,
+            prior=lambda th: (
+                th[0] + th[1] * tl.TREND.astype(dtype),
+                jaxvb.linalg.Banded(tl._ar1_band().astype(dtype)),
+            ),
+            log_lik=lambda f, y: -0.5 * (y - f) ** 2 / tl.NOISE_VAR,
+            data=tl.Y.astype(dtype),
+        )
     design = np.stack([np.ones(tl.T), np.asarray(tl.TREND)], axis=1)
     band = np.asarray(jaxvb.linalg.to_dense(tl._ar1_band()))
     ci = np.linalg.inv(np.linalg.inv(band) + tl.NOISE_VAR * np.eye(tl.T))
@@ -406,8 +422,8 @@ def test_fit_batched_keeps_the_dtype_and_equals_the_loop(dtype):
     dtype = DTYPES[dtype]
     target, q0 = (cast_tree(v, dtype) for v in test_fit.SAME_FAMILY["gaussian"])
 
-    def one(key):
-        return jaxvb.fit(target.log_prob, q0, key, num_steps=20, method="hessian")
+    def one(key):  # one by one, the program of the same-family fits (test_fit's too)
+        return jaxvb.fit(test_fit.shifted(target), q0, key, num_steps=60, method="hessian")
 
     keys = jax.random.split(KEY, 3)
     batched = jaxvb.fit_batched(one, keys)
@@ -461,23 +477,29 @@ def test_latent_paired_draws_in_float32_are_float64s_up_to_rounding():
     assert bool(ok)
     q32 = cast_tree(q64, jnp.float32)
     q64 = cast_tree(q32, jnp.float64)  # the same parameters, exactly
-    scale = 1.0  # |log p| + |log q| and their terms: the size rounding acts on
-    for key in jax.random.split(KEY, 4):
+
+    @jax.jit  # one program for every key, not one per operation
+    def draws(key, q32, q64):
         x, log_p, log_q = q32.paired_draws(key, bound32)
-        assert x.dtype == log_p.dtype == log_q.dtype == jnp.float32
-        x64 = x.astype(jnp.float64)
         theta, f = q32.unpack(x)
         mu, _, _ = q32.conditional(theta[0])
+        x64 = x.astype(jnp.float64)
+        return x, log_p, log_q, f, mu, jax.vmap(bound64)(x64), jax.vmap(q64.log_prob)(x64)
+
+    scale = 1.0  # |log p| + |log q| and their terms: the size rounding acts on
+    for key in jax.random.split(KEY, 4):
+        x, log_p, log_q, f, mu, want_p, want_q = draws(key, q32, q64)
+        assert x.dtype == log_p.dtype == log_q.dtype == jnp.float32
+        x64 = np.asarray(x, np.float64)
         half = np.asarray(0.5 * (f[0] + f[1]), np.float64)
         assert rel_err(half, np.asarray(mu, np.float64)) <= 50 * eps(jnp.float32)
-        want_p = np.asarray(jax.vmap(bound64)(x64))
-        want_q = np.asarray(jax.vmap(q64.log_prob)(x64))
+        want_p, want_q = np.asarray(want_p), np.asarray(want_q)
         scale = np.abs(want_p) + np.abs(want_q) + 40.0 * np.max(np.abs(x64))
         tol = 50 * eps(jnp.float32) * scale
         np.testing.assert_array_less(np.abs(np.asarray(log_p, np.float64) - want_p), tol)
         np.testing.assert_array_less(np.abs(np.asarray(log_q, np.float64) - want_q), tol)
     from jaxvb import diagnostics
 
-    d = diagnostics.evaluate(KEY, q32, bound32, 200)
+    d = jax.jit(lambda q: diagnostics.evaluate(KEY, q, bound32, 200))(q32)
     assert int(d.num_nonfinite) == 0
     assert float(np.max(50 * eps(jnp.float32) * scale)) < 0.1 * float(d.elbo_stderr)

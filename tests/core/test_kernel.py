@@ -82,13 +82,14 @@ def test_a_method_registers_itself_and_becomes_a_default():
         calls.append(1)
         return jaxvb.methods.regression()
 
+    def log_joint(x):  # one function: both fits resolve to one method, one program
+        return -3.0 * x[0]
+
     _registry.register("test_analytic", factory, default_for=(Shifted,))
     try:
         q0 = Shifted(jnp.ones(1))
-        by_default = jaxvb.fit(lambda x: -3.0 * x[0], q0, KEY, num_steps=20)
-        by_name = jaxvb.fit(
-            lambda x: -3.0 * x[0], q0, KEY, num_steps=20, method="test_analytic"
-        )
+        by_default = jaxvb.fit(log_joint, q0, KEY, num_steps=20)
+        by_name = jaxvb.fit(log_joint, q0, KEY, num_steps=20, method="test_analytic")
         assert len(calls) == 2
         np.testing.assert_allclose(by_default.q.rate, [3.0], rtol=1e-12)
         np.testing.assert_allclose(by_name.q.rate, [3.0], rtol=1e-12)
@@ -237,9 +238,9 @@ def test_a_pytree_log_joint_compiles_once_for_new_data():
     """jax.tree_util.Partial(fn, data): data of the same shapes reuses the program."""
     q0 = jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2))
 
-    def fit(centre, key):
+    def fit(centre, key):  # (test_kernel_by_hand_gives_fit's settings)
         target = jax.tree_util.Partial(_gaussian_target, centre)
-        return jaxvb.fit(target, q0, key, num_steps=10, num_eval_draws=10)
+        return jaxvb.fit(target, q0, key, num_steps=20, num_eval_draws=20)
 
     first = fit(jnp.array([1.0, 2.0]), jax.random.key(1))
     size = _fit._fit._cache_size()

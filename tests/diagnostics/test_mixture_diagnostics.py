@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import mpmath
 import numpy as np
 import pytest
+from test_mixture import BB
 
 import jaxvb
 from jaxvb import data
@@ -34,7 +35,9 @@ def _simpson(n, lo, hi):
 
 @pytest.fixture(scope="module")
 def fits():
-    log_joint = beta_binomial.cancer_mortality_log_joint()
+    # test_mixture's log joint (one function object): its K = 8 fit (500 steps) and
+    # test_hessian's Laplace start share these programs
+    log_joint = BB
     laplace = jaxvb.laplace(log_joint, jnp.array([-7.0, 6.0]))
     out = {}
     for k in COMPONENTS:
@@ -115,7 +118,11 @@ def test_mixture_evidence_is_exact_for_a_same_family_target():
         jnp.array([[-3.0, 0.0], [2.0, 1.0]]),
         jnp.array([[[1.0, 0.3], [0.3, 0.5]], [[0.6, -0.2], [-0.2, 1.2]]]),
     )
-    d = jaxvb.diagnostics.evaluate(jax.random.key(0), q, lambda x: q.log_prob(x) + 3.7)
+    d = jax.jit(  # one program, not one per operation
+        lambda q: jaxvb.diagnostics.evaluate(
+            jax.random.key(0), q, lambda x: q.log_prob(x) + 3.7
+        )
+    )(q)
     assert float(d.log_evidence) == pytest.approx(3.7, abs=1e-12)
     assert abs(float(d.kl)) < 1e-12
     assert float(d.log_evidence_stderr) < 1e-12

@@ -1,7 +1,6 @@
 """Pareto-smoothed importance sampling: jaxvb.diagnostics.psis against ArviZ's psislw,
 and k-hat in every fit's result."""
 
-import arviz as az
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +25,8 @@ CASES = {
     "name", tiered(list(CASES), slow=["light tail", "cauchy", "log-normal, n = 4000"])
 )
 def test_psis_equals_arviz_psislw(name):
+    import arviz as az  # (seconds to import: here, not where the module is collected)
+
     log_r = CASES[name]
     ours = psis(jnp.asarray(log_r))
     theirs, khat = az.psislw(log_r.copy(), reff=1.0)

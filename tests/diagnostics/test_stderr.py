@@ -32,7 +32,9 @@ def test_standard_errors_match_the_spread_over_keys():
 @pytest.mark.slow  # (an exact case of evaluate is diagnostics' docstring example)
 def test_standard_errors_of_an_exact_fit_are_zero_and_reach_the_result():
     q = jaxvb.Gaussian(jnp.ones(2), jnp.eye(2))
-    d = jaxvb.diagnostics.evaluate(KEY, q, lambda x: q.log_prob(x) + 2.0, 100)
+    d = jax.jit(  # one program, not one per operation
+        lambda q: jaxvb.diagnostics.evaluate(KEY, q, lambda x: q.log_prob(x) + 2.0, 100)
+    )(q)
     for name in ("elbo", "kl", "log_evidence", "r_squared"):
         assert abs(float(getattr(d, f"{name}_stderr"))) < 1e-12, name
     res = jaxvb.fit(lambda x: -0.5 * jnp.sum(x**2), q, KEY, num_steps=20)

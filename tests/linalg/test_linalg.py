@@ -17,6 +17,8 @@ P(|Z| > 5) ~ 5.7e-7, ~1e-4 over the ~200 moments compared here.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -259,24 +261,66 @@ def check_arrowhead(p_dense, rhs, t, w, out):
     close(sel.corner, sigma[t:, t:])
 
 
-@pytest.mark.parametrize(("t", "w", "k"), grid(ARROWHEAD_CASES))
-def test_arrowhead_against_dense(t, w, k):
+@jax.jit
+def arrowhead_routines(p, rhs, h, x):
+    """Every arrowhead routine at ``p``, in one program: the three tests of a grid case
+    read one compilation (not three)."""
+    factor, y = la.cholesky_forward_arrowhead(p, h)
+    f = x[:, 0]
+    log_q = (
+        la.logdet_arrowhead(factor) / 2
+        - 0.5
+        * jnp.sum((la.matvec_triangular_arrowhead(factor, f, transpose=True) - y) ** 2)
+        - 0.5 * f.shape[0] * jnp.log(2 * jnp.pi)
+    )
+    return dict(
+        everything=arrowhead_everything(p, rhs),
+        gaussian=la.gaussian_arrowhead(p, h),
+        forward=(factor, y),
+        lower_x=la.matvec_triangular_arrowhead(factor, x),
+        upper_f=la.matvec_triangular_arrowhead(factor, f, transpose=True),
+        log_q=log_q,
+    )
+
+
+@functools.cache
+def arrowhead_case(t, w, k):
+    """A random SPD arrowhead of the grid (its dense form), right-hand sides ``rhs``
+    (two columns), ``h`` and ``x``, and :func:`arrowhead_routines` at them."""
     rng = np.random.default_rng(1000 * t + 10 * w + k)
     p_dense = random_arrowhead(rng, t, w, k)
-    rhs = rng.normal(size=(t + k, 2))
-    out = arrowhead_everything(np_arrowhead(p_dense, w, k), rhs)
-    check_arrowhead(p_dense, rhs, t, w, out)
+    rhs, h, x = (
+        rng.normal(size=(t + k, 2)),
+        rng.normal(size=t + k),
+        rng.normal(size=(t + k, 2)),
+    )
+    p = np_arrowhead(p_dense, w, k)
+    return p_dense, p, rhs, h, x, arrowhead_routines(p, rhs, h, x)
 
 
-@pytest.mark.parametrize(("t", "w", "k"), grid(ARROWHEAD_CASES))
+def arrowhead_grid():
+    """``grid(ARROWHEAD_CASES)``, the three tests of a case on one xdist worker (where
+    their shared computation is)."""
+    out = []
+    for c in grid(ARROWHEAD_CASES):
+        values, marks = (c.values, list(c.marks)) if hasattr(c, "values") else (c, [])
+        group = pytest.mark.xdist_group("linalg_arrowhead_{}_{}_{}".format(*values))
+        out.append(pytest.param(*values, marks=[*marks, group]))
+    return out
+
+
+@pytest.mark.parametrize(("t", "w", "k"), arrowhead_grid())
+def test_arrowhead_against_dense(t, w, k):
+    p_dense, _, rhs, _, _, out = arrowhead_case(t, w, k)
+    check_arrowhead(p_dense, rhs, t, w, out["everything"])
+
+
+@pytest.mark.parametrize(("t", "w", "k"), arrowhead_grid())
 def test_gaussian_arrowhead_is_factor_mean_and_selected_inverse(t, w, k):
     """The fused two-scan path (w = 1) and the composed one (other w) against dense."""
-    rng = np.random.default_rng(7 + 1000 * t + 10 * w + k)
-    p_dense = random_arrowhead(rng, t, w, k)
-    h = rng.normal(size=t + k)
-    p = np_arrowhead(p_dense, w, k)
-    factor, mean, sel = jax.jit(la.gaussian_arrowhead)(p, h)
-    expected = la.cholesky_arrowhead(p)
+    p_dense, _, _, h, _, out = arrowhead_case(t, w, k)
+    factor, mean, sel = out["gaussian"]
+    expected = out["everything"]["factor"]  # la.cholesky_arrowhead
     for a, b in zip(factor, expected, strict=True):
         close(a, b)
     close(mean, np.linalg.solve(p_dense, h))
@@ -286,30 +330,20 @@ def test_gaussian_arrowhead_is_factor_mean_and_selected_inverse(t, w, k):
     close(sel.corner, sigma[t:, t:])
 
 
-@pytest.mark.parametrize(("t", "w", "k"), grid(ARROWHEAD_CASES))
+@pytest.mark.parametrize(("t", "w", "k"), arrowhead_grid())
 def test_cholesky_forward_and_triangular_matvec_against_dense(t, w, k):
     """The one-scan factor and ``L^{-1} h`` (w = 1; composed otherwise), ``L x``, ``L' x``,
     and the density they give, ``log N(f; P^{-1} h, P^{-1})``, against dense NumPy/SciPy."""
-    rng = np.random.default_rng(11 + 1000 * t + 10 * w + k)
-    p_dense = random_arrowhead(rng, t, w, k)
-    h = rng.normal(size=t + k)
-    p = np_arrowhead(p_dense, w, k)
-    factor, y = jax.jit(la.cholesky_forward_arrowhead)(p, h)
-    for a, b in zip(factor, la.cholesky_arrowhead(p), strict=True):
+    p_dense, p, _, h, x, out = arrowhead_case(t, w, k)
+    factor, y = out["forward"]
+    for a, b in zip(factor, out["everything"]["factor"], strict=True):  # cholesky_arrowhead
         close(a, b)
     low = np.linalg.cholesky(p_dense)
     close(y, np.linalg.solve(low, h))
-    x = rng.normal(size=(t + k, 2))
-    close(la.matvec_triangular_arrowhead(factor, x), low @ x)
-    close(la.matvec_triangular_arrowhead(factor, x[:, 0], transpose=True), low.T @ x[:, 0])
-    f = x[:, 0]
-    log_q = (
-        la.logdet_arrowhead(factor) / 2
-        - 0.5 * np.sum((la.matvec_triangular_arrowhead(factor, f, transpose=True) - y) ** 2)
-        - 0.5 * (t + k) * np.log(2 * np.pi)
-    )
+    close(out["lower_x"], low @ x)
+    close(out["upper_f"], low.T @ x[:, 0])
     cov = np.linalg.inv(p_dense)
-    close(log_q, stats.multivariate_normal(cov @ h, cov).logpdf(f))
+    close(out["log_q"], stats.multivariate_normal(cov @ h, cov).logpdf(x[:, 0]))
     with pytest.raises(ValueError, match="h must have shape"):
         la.cholesky_forward_arrowhead(p, h[:-1])
 
@@ -557,7 +591,7 @@ def test_tridiagonal_mode_must_be_known(monkeypatch):
 
 def test_vmap_over_a_batch_equals_a_loop():
     rng = np.random.default_rng(10)
-    t, w, k = 5, 2, 1  # a grid shape: the unbatched function is compiled already
+    t, w, k = 5, 2, 1
     ps = [np_arrowhead(random_arrowhead(rng, t, w, k), w, k) for _ in range(3)]
     batch = la.Arrowhead(*(np.stack(xs) for xs in zip(*ps, strict=True)))
     rhs = rng.normal(size=(3, t + k, 2))

@@ -242,13 +242,14 @@ def test_vmap_over_keys_in_float32():
 def beta_binomial_fit():
     log_joint = BB
     # Around the authors' one-Gaussian fit (the Laplace start, init_mixture, costs a
-    # compilation more; it is tested below on the cheap target).
+    # compilation more; it is tested below on the cheap target). BB, K = 8 and 500
+    # steps (the step size is traced) are test_mixture_diagnostics' K = 8 program.
     paper = jaxvb.Gaussian.from_precision(
         jnp.array(beta_binomial.PAPER_GAUSSIAN_MEAN),
         jnp.array(beta_binomial.PAPER_GAUSSIAN_PRECISION),
     )
     q0 = jaxvb.GaussianMixture.around(paper, 8)
-    res = jaxvb.fit(log_joint, q0, KEY, num_steps=600, step_size=0.1)
+    res = jaxvb.fit(log_joint, q0, KEY, num_steps=500, step_size=0.1)
     return log_joint, res
 
 
@@ -260,6 +261,7 @@ def _simpson(n, lo, hi):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("mixture_diagnostics_fits")  # beside the program it shares
 def test_beta_binomial_with_eight_components_against_quadrature(beta_binomial_fit):
     log_joint, res = beta_binomial_fit
     assert int(res.status) == 0

@@ -76,6 +76,18 @@ def nuts_reference():
     return {"mean": flat.mean(0), "sd": sd, "se": sd / np.sqrt(ess)}
 
 
+#: The methods compared, by name (the parametrisations below; ``_cases`` builds them).
+NAMES = [
+    "basic (Algorithm 1)",
+    "gradient",
+    "hessian (Algorithm 2)",
+    "factor",
+    "factor gradient",
+    "factor hessian",
+    "hessian + minibatches",
+]
+
+
 def _cases():
     design, y = _probit_data()
     prior = jaxvb.Gaussian(jnp.zeros(M), jnp.eye(M))
@@ -96,6 +108,7 @@ def _cases():
 def fits():
     """Each method's fit with eight keys: mean, sd and their standard errors over keys."""
     prior, cases = _cases()
+    assert list(cases) == NAMES
     keys = jax.random.split(jax.random.key(5), NUM_KEYS)
     out = {}
     for name, (target, method, num_steps) in cases.items():
@@ -128,7 +141,7 @@ fits_group = pytest.mark.xdist_group("sites_fits")
 @pytest.mark.integration
 @pytest.mark.slow
 @fits_group
-@pytest.mark.parametrize("name", list(_cases()[1]))
+@pytest.mark.parametrize("name", NAMES)
 def test_each_method_recovers_the_probit_posterior_of_nuts(name, fits, nuts_reference):
     fit, ref = fits[name], nuts_reference
     assert np.all(fit["status"] == 0)
@@ -147,7 +160,7 @@ def test_each_method_recovers_the_probit_posterior_of_nuts(name, fits, nuts_refe
 
 @pytest.mark.slow
 @fits_group
-@pytest.mark.parametrize("name", [n for n in _cases()[1] if n != "hessian (Algorithm 2)"])
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "hessian (Algorithm 2)"])
 def test_every_method_reaches_the_same_optimum_as_algorithm_2(name, fits):
     """Same KL optimum, so they differ by Monte Carlo error only (minibatches included)."""
     a, b = fits[name], fits["hessian (Algorithm 2)"]
@@ -306,6 +319,18 @@ def test_bad_factor_and_minibatch_input():
         jaxvb.Minibatch(prior.log_prob, lik, (design, jnp.zeros(3)), batch_size=2)
 
 
+def _log_f(f, yi):
+    return yi * jnp.log(f)  # NaN for f < 0
+
+
+@functools.cache
+def _log_f_model():
+    """Two sites ``log f``: one model object (a Factors is static in a fit's program),
+    so that the tests below share their compiled programs."""
+    prior = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
+    return prior, jaxvb.Factors(prior, _log_f, jnp.ones((2, 1)), jnp.ones(2))
+
+
 @pytest.mark.slow
 def test_a_site_with_a_non_finite_log_likelihood_is_flagged():
     """A site that is NaN where a Gaussian puts mass: the draw is left out and flagged.
@@ -314,10 +339,7 @@ def test_a_site_with_a_non_finite_log_likelihood_is_flagged():
     (with this key) and must raise, carrying a finite result. The gradient estimator
     moves away from zero before it draws one and stays finite.
     """
-    prior = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
-    model = jaxvb.Factors(
-        prior, lambda f, yi: yi * jnp.log(f), jnp.ones((2, 1)), jnp.ones(2)
-    )
+    prior, model = _log_f_model()
     for estimator in ("regression", "hessian"):
         with pytest.raises(jaxvb.FitError, match="log_joint was not finite") as err:
             jaxvb.fit(
@@ -347,10 +369,7 @@ def test_a_site_fit_that_never_settles_is_flagged():
     must not end with status 0. Over keys 0-4 it ends flagged
     for draws where log f is not finite (f < 0), a poor fit (R^2 < 0), or an unsettled
     one: which flag depends on the key, that there is one does not."""
-    prior = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
-    model = jaxvb.Factors(
-        prior, lambda f, yi: yi * jnp.log(f), jnp.ones((2, 1)), jnp.ones(2)
-    )
+    prior, model = _log_f_model()  # the program of the gradient fit above
     failures = (
         jaxvb.Status.NONFINITE_LOG_DENSITY
         | jaxvb.Status.POOR_FIT
