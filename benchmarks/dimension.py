@@ -46,7 +46,7 @@ QUICK = dict(
     groups=(10, 30),
     obs_per_group={10: 10, 30: 10},
     num_steps={10: 100, 30: 100},
-    repeats={10: 2, 30: 2},
+    repeats={10: 1, 30: 1},
 )
 #: A size that ``--groups`` names and the settings do not.
 DEFAULT = dict(obs_per_group=10, num_steps=200, repeats=3)

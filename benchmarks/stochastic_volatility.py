@@ -63,7 +63,7 @@ QUICK = dict(
     FULL,
     equations=("svapprox",),
     diagnostics=("diagnostics",),
-    repeats=3,
+    repeats=1,
     accuracy_fits=2,
     num_draws=10_000,
     num_v_draws=5_000,
