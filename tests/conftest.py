@@ -60,6 +60,18 @@ def _hard_timeout():
     faulthandler.cancel_dump_traceback_later()
 
 
+#: Compilations since the maps were last counted (JAX's compile events).
+_compiled = [0]
+
+
+def _count_compilation(event: str, duration: float, **kwargs) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _compiled[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compilation)
+
+
 @pytest.fixture(autouse=True)
 def _free_compiled_programs():
     """Free compiled programs when a worker holds many memory maps.
@@ -68,9 +80,14 @@ def _free_compiled_programs():
     xdist worker that runs a few hundred tests passes Linux's ``vm.max_map_count`` and
     the next compilation segfaults (seen in CI). ``jaxvb.fit`` guards users at 60% of
     the limit with a warning; the tests clear quietly at 30,000 maps, below it (each
-    clearing costs the next tests the small programs they compile again).
+    clearing costs the next tests the small programs they compile again). The maps are
+    counted only after a test that compiled something (a read of ``/proc/self/maps``
+    costs about a microsecond a map).
     """
     yield
+    if not _compiled[0]:
+        return
+    _compiled[0] = 0
     n = _platform.num_maps()
     if n is not None and n > 30_000:
         jax.clear_caches()

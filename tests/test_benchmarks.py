@@ -62,7 +62,8 @@ def test_harness(tmp_path):
     )
     payloads, error = common.run_worker(script, dict(sleep=0), 60)
     assert payloads == [dict(sleep=0, seen=True)] and error is None
-    payloads, error = common.run_worker(script, dict(sleep=300), 10)
+    # the limit leaves the worker time to import _common (JAX) and emit first
+    payloads, error = common.run_worker(script, dict(sleep=300), 6)
     assert payloads == [dict(sleep=300, seen=True)] and error.startswith("stopped")
 
 
