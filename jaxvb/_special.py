@@ -10,9 +10,15 @@ differentiates correctly to any order.
 
 Its value is also off in float64: by 1.2e-6 at ``(8, 4)`` and 4e-8 at ``(20, 1.5)``
 against SciPy, where ``gammaln(a) + gammaln(b) - gammaln(a + b)`` is within 1e-14 (and
-within 1e-12 up to arguments of 1e6). So in float64 the value is that sum, below 1e7;
-in float32 the sum cancels badly for large arguments (3e-3 relative at ``(1e5, 3)``) and
-JAX's value is kept.
+within 1e-12 of mpmath up to arguments of 1e3; it loses digits to cancellation beyond,
+1e-10 relative at ``(1, 1e6)``). So in float64 the value is that sum, below 1e7.
+From 1e7 on the sum cancels (``log B(1, b) = -log b`` is a difference of two
+``gammaln`` near ``b log b``), and the value is ``gammaln`` of the smaller argument plus
+Stirling's series of the other two terms, written with ``log1p``: within 2e-15
+relative of mpmath over arguments from 1e-6 to 1e18, and a sixth of the operations of
+JAX's own ``betaln``, which matters because the Beta family's programs call it dozens
+of times. In float32 the sum cancels badly for large arguments (3e-3 relative at
+``(1e5, 3)``) and JAX's value is kept.
 """
 
 from __future__ import annotations
@@ -36,7 +42,16 @@ def betaln(a, b):
     if jnp.result_type(a, b) != jnp.float64:
         return _betaln(a, b)
     by_gammaln = gammaln(a) + gammaln(b) - gammaln(a + b)
-    return jnp.where(jnp.maximum(a, b) < 1e7, by_gammaln, _betaln(a, b))
+    return jnp.where(jnp.maximum(a, b) < 1e7, by_gammaln, _betaln_large(a, b))
+
+
+def _betaln_large(a, b):
+    """``log B(a, b)`` for ``max(a, b) >= 1e7`` in float64: with ``s <= l`` the two
+    arguments, ``gammaln(s) + [gammaln(l) - gammaln(s + l)]``, the bracket from
+    Stirling's series, whose next term (``1 / (360 l^3)``) is below 1e-23 there."""
+    s, l = jnp.minimum(a, b), jnp.maximum(a, b)
+    bracket = -s * jnp.log(l) + s - (s + l - 0.5) * jnp.log1p(s / l)
+    return gammaln(s) + bracket + (1.0 / l - 1.0 / (s + l)) / 12.0
 
 
 @betaln.defjvp
