@@ -354,15 +354,22 @@ def _xla_accepts(flags: tuple[str, ...]) -> bool:
     return run.returncode == 0
 
 
+#: jaxlib releases whose XLA is known to take every flag of :data:`_TEST_FLAGS`
+#: (``(major, minor)``): no probe there, which saves each test session a subprocess
+#: that starts JAX (seconds); any other release is probed.
+_FLAGS_KNOWN = {(0, 10)}
+
+
 def _env_key(flag: str) -> str:
     return "JAXVB_TEST_" + flag.lstrip("-").split("=")[0].upper()
 
 
 def test_xla_flags(defaults: bool = False) -> list[str]:
     """The flags the test suite adds to ``XLA_FLAGS``: :data:`_TEST_FLAGS` that this
-    jaxlib's XLA knows (probed once in a subprocess; the answers travel in the
-    environment to xdist workers and the subprocesses tests start), or none with
-    ``defaults`` (the tier that runs as users do).
+    jaxlib's XLA knows (all of them on the releases of :data:`_FLAGS_KNOWN`; on others
+    probed once in a subprocess, the answers travelling in the environment to xdist
+    workers and the subprocesses tests start), or none with ``defaults`` (the tier
+    that runs as users do).
 
     Example:
       >>> from jaxvb import _platform
@@ -372,6 +379,8 @@ def test_xla_flags(defaults: bool = False) -> list[str]:
     if defaults:
         return []
     wanted = [f for f in _TEST_FLAGS if "scheduler" not in f or _ORDERED]
+    if _jaxlib_version()[:2] in _FLAGS_KNOWN:
+        return wanted
     unknown = [f for f in wanted if _env_key(f) not in os.environ]
     if unknown and _xla_accepts(tuple(unknown)):
         os.environ.update({_env_key(f): "1" for f in unknown})

@@ -151,6 +151,16 @@ print("off")
 
 
 @pytest.mark.integration
+def test_the_releases_that_skip_the_flag_probe_take_every_test_flag():
+    """``_FLAGS_KNOWN`` spares the suite the probe on releases whose XLA takes every
+    test flag: on such a release the probe (a subprocess) agrees; on another, the
+    flags are the probe's answers."""
+    if _platform._jaxlib_version()[:2] not in _platform._FLAGS_KNOWN:
+        pytest.skip(f"jaxlib {jax.lib.__version__}: the suite probes its flags")
+    assert _platform._xla_accepts(_platform._TEST_FLAGS)
+
+
+@pytest.mark.integration
 def test_every_workaround_can_be_switched_off():
     """``JAXVB_WORKAROUNDS_OFF=all``: no option, no ordering, no private API; an
     unknown name is a clear error, not ignored."""

@@ -71,6 +71,8 @@ OPTIONS = {"num_steps": 20, "init": Q0, "fit_kwargs": {"num_eval_draws": 10}}
 
 @pytest.fixture(scope="module")
 def fitted():
+    """The regression's fit, which five tests read: they run on one xdist worker
+    (``fitted_group``), so that it is computed once."""
     X, y = make_data(jax.random.key(0))
     res = jaxvb.numpyro.fit(regression, jax.random.key(1), X, y, **OPTIONS)
     mean, cov = posterior(X, y)
@@ -79,7 +81,11 @@ def fitted():
     return X, y, res
 
 
+fitted_group = pytest.mark.xdist_group("numpyro_after_fitted")
+
+
 @pytest.mark.slow
+@fitted_group
 def test_loo_from_to_arviz_matches_the_exact_leave_one_out(fitted):
     import arviz as az
 
@@ -109,6 +115,7 @@ def test_loo_from_to_arviz_matches_the_exact_leave_one_out(fitted):
 
 
 @pytest.mark.slow
+@fitted_group
 def test_to_arviz_names_plates_of_deterministic_sites_and_adds_predictive(fitted):
     X, y, res = fitted
     key = jax.random.key(3)
@@ -133,6 +140,7 @@ def test_to_arviz_names_plates_of_deterministic_sites_and_adds_predictive(fitted
     assert "log_likelihood" not in res.to_arviz(key, 10, log_likelihood=False).groups()
 
 
+@fitted_group
 def test_predictive_redraws_the_observed_sites_from_the_fitted_posterior(fitted):
     X, y, res = fitted
     key, n = jax.random.key(4), 4000
@@ -166,6 +174,7 @@ def test_predictive_redraws_the_observed_sites_from_the_fitted_posterior(fitted)
 
 
 @pytest.mark.slow
+@fitted_group
 def test_minibatch_model_predicts_and_scores_all_the_data(fitted):
     X, y, res = fitted
 
@@ -216,6 +225,7 @@ def test_log_likelihood_of_a_multivariate_observation_is_one_value_per_plate_ent
     assert idata.posterior_predictive["z"].dims == ("chain", "draw", "data", "z_dim_1")
 
 
+@fitted_group
 def test_a_single_fit_is_not_a_batch(fitted):
     _, _, res = fitted
     assert res.batch_shape == () and bool(res)

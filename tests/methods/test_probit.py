@@ -37,7 +37,8 @@ def paper_data():
 
 @pytest.fixture(scope="module")
 def tiny_posterior():
-    """A small problem (M = 2, N = 20), its VBEM fit and exact moments by 2-D quadrature."""
+    """A small problem (M = 2, N = 20), its VBEM fit and exact moments by 2-D quadrature
+    (computed once: its tests run on one xdist worker, ``tiny_group``)."""
     _, design, y = probit.simulate(
         jax.random.key(3), num_datasets=1, num_obs=20, num_features=2
     )
@@ -238,6 +239,10 @@ def test_vbem_in_float32(paper_data):
     np.testing.assert_allclose(res.q.mean, ref.q.mean, atol=1e-4)
 
 
+tiny_group = pytest.mark.xdist_group("probit_tiny_posterior")
+
+
+@tiny_group
 def test_vbem_against_the_exact_posterior(tiny_posterior):
     design, y, res, mean, cov, log_evidence, edge = tiny_posterior
     assert edge < 1e-20  # the grid holds all the mass
@@ -253,6 +258,7 @@ def test_vbem_against_the_exact_posterior(tiny_posterior):
     assert res.lower_bound < log_evidence - 0.1
 
 
+@tiny_group
 def test_vbem_bound_is_the_expected_log_ratio_of_the_factorised_q(tiny_posterior):
     """Monte Carlo of E_q[log p(y, z, x) - log q(z) - log q(x)] at the VBEM fit."""
     design, y, res, *_ = tiny_posterior
