@@ -45,6 +45,7 @@ jaxvb's dealings with XLA's options can be read in one file.
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import subprocess
 import sys
@@ -449,3 +450,22 @@ def configure_test_cache() -> None:
         "jax_persistent_cache_min_entry_size_bytes",
         int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]),
     )
+
+
+#: The test processes' garbage-collector thresholds (Python's default: 700, 10, 10).
+_TEST_GC_THRESHOLDS = (10_000, 10, 10)
+
+
+def configure_test_gc() -> None:
+    """Fewer garbage collections in a test process: tracing and compiling allocate
+    millions of short-lived objects, and with Python's default thresholds a worker
+    that holds hundreds of traced and compiled programs runs full collections often,
+    each walking all it holds. Memory is still reclaimed, in larger batches."""
+    gc.set_threshold(*_TEST_GC_THRESHOLDS)
+
+
+def freeze_test_heap() -> None:
+    """Leave what a test process holds once its tests are collected (JAX, the modules,
+    their data) out of later full collections (``gc.freeze``): it lives to the end."""
+    gc.collect()
+    gc.freeze()

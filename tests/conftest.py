@@ -42,8 +42,14 @@ import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 _platform.configure_test_cache()
+_platform.configure_test_gc()
 
 import pytest  # noqa: E402
+
+
+def pytest_collection_finish(session):
+    _platform.freeze_test_heap()
+
 
 #: The hard limit of one test, past pytest-timeout's (pyproject.toml: 900 s).
 _HARD_TIMEOUT_S = 960.0
