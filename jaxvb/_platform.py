@@ -330,14 +330,13 @@ def jit_once(fn: Callable | None = None, *, static_argnames: tuple[str, ...] = (
 # ----------------------------------------------------------- the tests' settings
 
 #: XLA flags the test suite sets for speed (the tests check numbers, not speed):
-#: XLA's backend optimisation off, the fusion emitters off and XLA:CPU's fast-compile
-#: preset. The concurrency-optimised scheduler off too, where
-#: ``ordered_factorisations`` applies: a test's own model may factor two matrices side
-#: by side, which jaxvb's :func:`after` cannot order.
+#: XLA's backend optimisation off and the fusion emitters off. The concurrency-
+#: optimised scheduler off too, where ``ordered_factorisations`` applies: a test's own
+#: model may factor two matrices side by side, which jaxvb's :func:`after` cannot
+#: order.
 _TEST_FLAGS = (
     "--xla_backend_optimization_level=0",
     "--xla_cpu_use_fusion_emitters=false",
-    "--xla_cpu_opt_preset=CPU_OPT_PRESET_FAST_COMPILE",
     "--xla_cpu_enable_concurrency_optimized_scheduler=false",
 )
 

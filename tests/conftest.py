@@ -1,9 +1,8 @@
 """Tests run in float64 (float32 is checked explicitly where it matters) on the CPU.
 
 The environment (:func:`jaxvb._platform.test_environment`) is set before JAX starts:
-for speed, XLA's backend optimisation and its fusion emitters are off and XLA:CPU's
-fast-compile preset on (the tests check numbers, not speed; the default settings spend
-most of the suite's time compiling).
+for speed, XLA's backend optimisation and its fusion emitters are off (the tests check
+numbers, not speed; the default settings spend most of the suite's time compiling).
 ``JAXVB_TEST_XLA=default`` runs the tests with XLA's default options, as users run
 (``tests/test_platform.py`` does this for the smoke tests). ``JAXVB_TEST_CACHE=1``
 turns on JAX's persistent compilation cache in ``.jax_cache/`` (git-ignored).
