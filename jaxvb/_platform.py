@@ -152,20 +152,27 @@ def num_maps() -> int | None:
         return None
 
 
-#: Compilations (and loads from the persistent cache) since the maps were last
-#: counted: the maps that matter grow only with them, so a fit that compiles nothing
-#: new (a second call) does not read ``/proc/self/maps`` again (a read costs about a
-#: microsecond a map, a noticeable part of a small fit in a process holding many).
-_compiles_since_count = [1]
+#: Compilations (and loads from the persistent cache) in this process, and their number
+#: when the maps were last counted: the maps that matter grow only with them, so a fit
+#: that compiles nothing new (a second call) does not read ``/proc/self/maps`` again (a
+#: read costs about a microsecond a map, a noticeable part of a small fit in a process
+#: holding many).
+_compilations = [0]
+_counted_at = [-1]
 
 
 def _count_compiles(event: str, duration: float, **kwargs) -> None:
     del duration, kwargs
     if "compil" in event:
-        _compiles_since_count[0] += 1
+        _compilations[0] += 1
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_compiles)
+
+
+def compilations() -> int:
+    """How many compile events (and persistent-cache loads) this process has seen."""
+    return _compilations[0]
 
 
 def guard_maps(stacklevel: int = 3) -> bool:
@@ -176,9 +183,9 @@ def guard_maps(stacklevel: int = 3) -> bool:
     """
     if not enabled("map_guard"):
         return False
-    if _MAX_MAPS is None or not outside_traces() or not _compiles_since_count[0]:
+    if _MAX_MAPS is None or not outside_traces() or _counted_at[0] == _compilations[0]:
         return False
-    _compiles_since_count[0] = 0
+    _counted_at[0] = _compilations[0]
     n = num_maps()
     if n is None or n < _FRACTION * _MAX_MAPS:
         return False

@@ -66,16 +66,8 @@ def _hard_timeout():
     faulthandler.cancel_dump_traceback_later()
 
 
-#: Compilations since the maps were last counted (JAX's compile events).
-_compiled = [0]
-
-
-def _count_compilation(event: str, duration: float, **kwargs) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":
-        _compiled[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_compilation)
+#: ``_platform.compilations()`` when the maps were last counted here.
+_counted_at = [-1]
 
 
 @pytest.fixture(autouse=True)
@@ -91,9 +83,9 @@ def _free_compiled_programs():
     costs about a microsecond a map).
     """
     yield
-    if not _compiled[0]:
+    if _counted_at[0] == _platform.compilations():
         return
-    _compiled[0] = 0
+    _counted_at[0] = _platform.compilations()
     n = _platform.num_maps()
     if n is not None and n > 30_000:
         jax.clear_caches()
