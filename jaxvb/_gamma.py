@@ -146,9 +146,32 @@ def _marsaglia_tsang(z, log_u, a):
     v = 1.0 + c * z  # the draw is d v^3, for v > 0
     log_v = jnp.log(jnp.where(v > 0, v, 1.0))
     ok = (v > 0) & (log_u < 0.5 * z * z + d - d * v**3 + 3.0 * d * log_v)
-    first = jnp.argmax(ok, axis=0)
-    picked = jnp.take_along_axis(log_v, first[None], axis=0)[0]
-    return jnp.log(d) + 3.0 * picked, jnp.any(ok, axis=0)
+    index = jax.lax.broadcasted_iota(jnp.int32, ok.shape, 0)
+    found, _, picked = jax.lax.reduce(
+        (ok, index, log_v),
+        (
+            jnp.array(False),
+            jnp.array(np.iinfo(np.int32).max, jnp.int32),
+            jnp.zeros((), log_v.dtype),
+        ),
+        _first_accepted,
+        (0,),
+    )
+    return jnp.log(d) + 3.0 * picked, found
+
+
+def _first_accepted(x, y):
+    """The reduction of :func:`_marsaglia_tsang`: of two candidates ``(accepted,
+    index, log v)`` the accepted one, the earlier if both or neither are.
+
+    One reduction gives the first accepted candidate and whether there is one
+    (``jnp.argmax``, a gather and ``jnp.any`` are three, and XLA copies the candidates'
+    computation, an inverse error function of a few hundred operations, into each).
+    """
+    ok_x, i_x, v_x = x
+    ok_y, i_y, v_y = y
+    take_x = (ok_x & ~ok_y) | ((ok_x == ok_y) & (i_x < i_y))
+    return ok_x | ok_y, jnp.where(take_x, i_x, i_y), jnp.where(take_x, v_x, v_y)
 
 
 def log_standard_gamma(key, a, num_candidates: int = 4):
