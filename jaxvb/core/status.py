@@ -317,9 +317,24 @@ def _nonfinite_log_density(result) -> str:
         "real line)"
     )
     return (
-        f"log_joint was not finite at x = {x.tolist()} (first at step "
+        f"log_joint was not finite at x = {_short(x)} (first at step "
         f"{int(result.first_nonfinite_step)}); such draws were left out. {remedy}."
     )
+
+
+#: Coordinates of a draw a message prints in full; a longer draw is shown by its first
+#: and last few, and its size (the whole draw is on the result).
+_SHOWN_IN_FULL = 8
+
+
+def _short(x: np.ndarray) -> str:
+    """``x`` for a message of a few lines: in full up to :data:`_SHOWN_IN_FULL`
+    coordinates, else its first and last three and where the whole draw is."""
+    x = np.ravel(x)
+    if x.size <= _SHOWN_IN_FULL:
+        return str(x.tolist())
+    first, last = (", ".join(f"{v:.4g}" for v in part) for part in (x[:3], x[-3:]))
+    return f"[{first}, ..., {last}] ({x.size} values; all in result.nonfinite_draw)"
 
 
 def _laplace_failed(result) -> str:

@@ -65,6 +65,25 @@ def test_nonfinite_log_density_raises_with_the_draw():
         assert np.all(np.isfinite(leaf))
 
 
+def test_a_long_nonfinite_draw_is_shortened_in_the_message():
+    # 12 coordinates: the message shows the first and last three and says where the
+    # whole draw is, instead of printing all of them
+    res = jaxvb.fit(
+        positive_only,
+        jaxvb.Gaussian(jnp.zeros(12), jnp.eye(12)),
+        KEY,
+        num_steps=20,
+        num_eval_draws=8,
+        on_failure="ignore",
+    )
+    message = jaxvb.explain(res)
+    x = np.asarray(res.nonfinite_draw)
+    assert "(12 values; all in result.nonfinite_draw)" in message
+    assert f"x = [{x[0]:.4g}, {x[1]:.4g}, {x[2]:.4g}, ..., " in message
+    phrase = message[message.index("log_joint was not finite at x") :]
+    assert len(phrase[: phrase.index("such draws were left out")]) < 150
+
+
 @pytest.mark.slow
 def test_nonfinite_log_density_is_flagged_under_jit_and_vmap():
     run = jax.jit(jax.vmap(lambda k: jaxvb.fit(positive_only, Q0, k, num_steps=50)))
