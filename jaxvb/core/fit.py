@@ -187,7 +187,7 @@ def fit(
             # good enough start
             laplace_failed = ~near_mode(info)
             if on_failure == "raise" and is_concrete(laplace_failed) and laplace_failed:
-                raise_for(info, q0, laplace_tol)  # names the cause
+                raise_for(info, q0, laplace_tol, log_joint)  # names the cause
     m, step_size = validate(q0, key, fit_options)
     if not checked:
         check_log_joint(log_joint, q0)

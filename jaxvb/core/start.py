@@ -38,6 +38,7 @@ from jax.scipy.linalg import cho_solve
 from jaxvb import _static
 from jaxvb._algebra import precision_factor
 from jaxvb._platform import jit_once
+from jaxvb.core.status import short_array
 from jaxvb.families._base import build, is_concrete
 from jaxvb.families.gaussian import Gaussian
 from jaxvb.families.mixture import GaussianMixture
@@ -296,7 +297,7 @@ def laplace(
         tol = default_tol(working_dtype(x0.dtype, getattr(out, "dtype", x0.dtype)))
     gaussian, info = _laplace(log_joint, x0, tol, max_iter=int(max_iter))
     if is_concrete(info.converged):
-        raise_for(info, gaussian, tol)
+        raise_for(info, gaussian, tol, log_joint)
     return (gaussian, info) if return_info else gaussian
 
 
@@ -315,18 +316,26 @@ def near_mode(info) -> jax.Array:
     return near & info.negative_definite
 
 
-def raise_for(info, gaussian, tol) -> None:
+#: A search that did not converge and reached a coordinate this large (an unconstrained
+#: log-scale of -20 is a scale of 2e-9) has run off along a direction in which
+#: ``log_joint`` grows without bound.
+RAN_OFF = 20.0
+
+
+def raise_for(info, gaussian, tol, log_joint=None) -> None:
     """Raises ``ValueError`` naming why a concrete search failed (nothing if it did
-    not)."""
+    not); a coordinate by ``log_joint.coordinate_name(i)`` where it has one (a NumPyro
+    model's site)."""
     mode = np.asarray(gaussian.mean)
     decrement = float(info.newton_decrement)
+    reached = f"Point reached: {short_array(mode)}"
     if not bool(info.converged) and bool(near_mode(info)):
         raise ValueError(
             f"laplace: the mode search stopped {decrement:.3g} posterior sds from the "
             f"mode (tol {tol}): the rounding of log_joint (float32 data or float32 "
             "arithmetic inside it) hides the last steps' gains. Use a tol above that "
             "(1e-3 is float32's default; jaxvb.fit(..., laplace_tol=1e-3)), or compute "
-            f"log_joint in float64. Point reached: {mode}"
+            f"log_joint in float64. {reached}"
         )
     if not bool(info.converged):
         also = (
@@ -334,13 +343,29 @@ def raise_for(info, gaussian, tol) -> None:
             if bool(info.negative_definite)
             else ", and the Hessian there is not negative definite"
         )
+        far = int(np.argmax(np.abs(mode))) if mode.size else 0
+        if mode.size and np.isfinite(float(info.log_joint)) and abs(mode[far]) >= RAN_OFF:
+            # A density with no maximum: the search climbs along one coordinate for
+            # ever. The common case is a centred hierarchy's funnel.
+            named = getattr(log_joint, "coordinate_name", None)
+            site = f" ({named(far)}, unconstrained)" if callable(named) else ""
+            raise ValueError(
+                f"laplace: log_joint has no maximum: it keeps rising along coordinate "
+                f"{far}{site}, which reached {mode[far]:.3g} after "
+                f"{int(info.num_iter)} iterations. In a hierarchical model this is a "
+                "funnel: with group effects ~ Normal(mu, tau) (centred) the density "
+                "grows without limit as tau -> 0 and the effects meet mu. Non-centre "
+                "the model (effects = mu + tau * z, z ~ Normal(0, 1)), or fit the "
+                "effects as a latent Gaussian field (jaxvb.LatentGaussian; latent= in "
+                f"jaxvb.numpyro.fit). {reached}"
+            )
         raise ValueError(
             f"laplace: the mode search did not converge: after {int(info.num_iter)} "
             f"iterations ({int(info.num_newton)} steps taken) the gradient norm is "
             f"{float(info.grad_norm):.3g} and the Newton decrement "
-            f"{decrement:.3g} (tol {tol}){also}. Check that "
-            "log_joint has a finite maximum (a proper posterior), start closer to "
-            f"the mode, or increase max_iter. Point reached: {mode}"
+            f"{decrement:.3g} (tol {tol}){also}. Check that log_joint has a finite "
+            "maximum (a proper posterior), start closer to the mode, or increase "
+            f"max_iter. {reached}"
         )
     if not bool(info.negative_definite):
         raise ValueError(
@@ -348,7 +373,7 @@ def raise_for(info, gaussian, tol) -> None:
             "definite (a saddle point, a flat direction or an improper posterior), so "
             "there is no Laplace approximation there. Check that the posterior is "
             "proper (add a prior on unidentified parameters), or start fit from a "
-            f"jaxvb.Gaussian instead of a point. Mode found: {mode}"
+            f"jaxvb.Gaussian instead of a point. Mode found: {short_array(mode)}"
         )
 
 

@@ -317,24 +317,34 @@ def _nonfinite_log_density(result) -> str:
         "real line)"
     )
     return (
-        f"log_joint was not finite at x = {_short(x)} (first at step "
-        f"{int(result.first_nonfinite_step)}); such draws were left out. {remedy}."
+        f"log_joint was not finite at x = {short_array(x, 'result.nonfinite_draw')} "
+        f"(first at step {int(result.first_nonfinite_step)}); such draws were left "
+        f"out. {remedy}."
     )
 
 
-#: Coordinates of a draw a message prints in full; a longer draw is shown by its first
-#: and last few, and its size (the whole draw is on the result).
+#: Coordinates of a point a message prints in full; a longer one is shown by its first
+#: and last few, and its size.
 _SHOWN_IN_FULL = 8
 
 
-def _short(x: np.ndarray) -> str:
+def short_array(x, where: str | None = None) -> str:
     """``x`` for a message of a few lines: in full up to :data:`_SHOWN_IN_FULL`
-    coordinates, else its first and last three and where the whole draw is."""
-    x = np.ravel(x)
+    coordinates, else its first and last three, its size and (if given) ``where`` the
+    whole of it is.
+
+    Example:
+      >>> import numpy as np
+      >>> from jaxvb.core.status import short_array
+      >>> short_array(np.arange(20.0), "result.nonfinite_draw")
+      '[0, 1, 2, ..., 17, 18, 19] (20 values; all in result.nonfinite_draw)'
+    """
+    x = np.ravel(np.asarray(x))
     if x.size <= _SHOWN_IN_FULL:
         return str(x.tolist())
     first, last = (", ".join(f"{v:.4g}" for v in part) for part in (x[:3], x[-3:]))
-    return f"[{first}, ..., {last}] ({x.size} values; all in result.nonfinite_draw)"
+    size = f"{x.size} values" + ("" if where is None else f"; all in {where}")
+    return f"[{first}, ..., {last}] ({size})"
 
 
 def _laplace_failed(result) -> str:

@@ -352,3 +352,28 @@ def test_other_bad_models_are_clear_errors():
             lognormal_scale, jax.random.key(0), jnp.ones(3), num_steps=10,
             init=jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)),
         )  # fmt: skip
+
+
+def centred_eight_schools(sigma, y=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
+    with numpyro.plate("school", sigma.shape[0]):
+        theta = numpyro.sample("theta", dist.Normal(mu, tau))
+        numpyro.sample("y", dist.Normal(theta, sigma), obs=y)
+
+
+@pytest.mark.slow
+def test_a_centred_hierarchy_names_its_funnel_and_the_scale_site():
+    # The joint density of a centred hierarchy has no maximum (a funnel), so there is
+    # no Laplace start: the error names the site it climbs along and the remedies.
+    y = jnp.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
+    sigma = jnp.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
+    with pytest.raises(ValueError, match="no maximum") as info:
+        jaxvb.numpyro.fit(centred_eight_schools, jax.random.key(0), sigma, y, num_steps=50)
+    message = str(info.value)
+    assert "(tau, unconstrained)" in message
+    assert "Non-centre" in message and "latent=" in message
+    assert len(message) < 700
+    lj = jaxvb.numpyro.log_joint(centred_eight_schools, sigma, y)
+    names = [lj.coordinate_name(i) for i in range(lj.dim)]
+    assert names == ["mu", "tau", *(f"theta[{j}]" for j in range(8))]

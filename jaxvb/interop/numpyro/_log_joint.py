@@ -154,6 +154,31 @@ class LogJoint:
             start += size
         return out
 
+    def coordinate_name(self, i: int) -> str:
+        """The latent site (and index within it) that coordinate ``i`` of ``x`` holds,
+        on the unconstrained scale: ``"tau"``, ``"theta[3]"`` (for messages).
+
+        Example:
+          >>> import jax.numpy as jnp, numpyro, numpyro.distributions as dist
+          >>> import jaxvb.numpyro
+          >>> def model():
+          ...     numpyro.sample("tau", dist.HalfNormal(1.0))
+          ...     numpyro.sample("theta", dist.Normal(jnp.zeros(3), 1.0))
+          >>> lj = jaxvb.numpyro.log_joint(model)
+          >>> [lj.coordinate_name(i) for i in range(lj.dim)]
+          ['tau', 'theta[0]', 'theta[1]', 'theta[2]']
+        """
+        start = 0
+        for name, shape in self._unconstrained_shapes:
+            size = int(np.prod(shape, dtype=int))
+            if i < start + size:
+                if not shape:
+                    return name
+                index = np.unravel_index(i - start, shape)
+                return f"{name}[{', '.join(str(int(j)) for j in index)}]"
+            start += size
+        raise IndexError(f"coordinate {i} is outside x's {self.dim}")
+
     @property
     def _full_model(self) -> Callable:
         """The model with every subsampled plate given all its indices."""
