@@ -349,15 +349,25 @@ def raise_for(info, gaussian, tol, log_joint=None) -> None:
             # ever. The common case is a centred hierarchy's funnel.
             named = getattr(log_joint, "coordinate_name", None)
             site = f" ({named(far)}, unconstrained)" if callable(named) else ""
+            if mode[far] < 0:  # a log-scale heading for -inf: a funnel's mark
+                cause = (
+                    "This is the mark of a funnel: in a centred hierarchy (group "
+                    "effects ~ Normal(mu, tau)) the density grows without limit as tau "
+                    "-> 0 and the effects meet mu. Non-centre the model (effects = mu "
+                    "+ tau * z, z ~ Normal(0, 1)), or fit the effects as a latent "
+                    "Gaussian field (jaxvb.LatentGaussian; latent= in "
+                    "jaxvb.numpyro.fit). If the model is not hierarchical, the "
+                    "posterior is improper along it: add a prior, or a tighter one."
+                )
+            else:
+                cause = (
+                    "The posterior is improper along it: add a prior, or a tighter "
+                    "one, on that parameter."
+                )
             raise ValueError(
                 f"laplace: log_joint has no maximum: it keeps rising along coordinate "
                 f"{far}{site}, which reached {mode[far]:.3g} after "
-                f"{int(info.num_iter)} iterations. In a hierarchical model this is a "
-                "funnel: with group effects ~ Normal(mu, tau) (centred) the density "
-                "grows without limit as tau -> 0 and the effects meet mu. Non-centre "
-                "the model (effects = mu + tau * z, z ~ Normal(0, 1)), or fit the "
-                "effects as a latent Gaussian field (jaxvb.LatentGaussian; latent= in "
-                f"jaxvb.numpyro.fit). {reached}"
+                f"{int(info.num_iter)} iterations. {cause} {reached}"
             )
         raise ValueError(
             f"laplace: the mode search did not converge: after {int(info.num_iter)} "

@@ -355,7 +355,7 @@ def test_a_failed_laplace_start_raises_or_is_flagged_as_asked():
     """No mode (log p rises without bound along x[0]): on_failure="raise" raises
     laplace's message; "ignore" returns the fit flagged LAPLACE_FAILED."""
     no_mode = lambda x: x[0] - 0.5 * x[1] ** 2  # noqa: E731
-    with pytest.raises(ValueError, match="mode search did not converge"):
+    with pytest.raises(ValueError, match="no maximum.*along coordinate 0.*improper"):
         jaxvb.fit(no_mode, jnp.zeros(2), KEY, num_steps=20)
     res = jaxvb.fit(no_mode, jnp.zeros(2), KEY, num_steps=20, on_failure="ignore")
     assert int(res.status) & int(jaxvb.Status.LAPLACE_FAILED)
