@@ -5,6 +5,20 @@ continuous latent sites on their unconstrained scale; ``jaxvb.numpyro.log_joint`
 gives the model's log joint as a function of one flat vector.
 """
 
-from jaxvb.interop.numpyro import LogJoint, MinibatchLogJoint, NumPyroResult, fit, log_joint
+from jaxvb.interop.numpyro import (
+    LogJoint,
+    MinibatchLogJoint,
+    NumPyroResult,
+    RouteWarning,
+    fit,
+    log_joint,
+)
 
-__all__ = ["LogJoint", "MinibatchLogJoint", "NumPyroResult", "fit", "log_joint"]
+__all__ = [
+    "LogJoint",
+    "MinibatchLogJoint",
+    "NumPyroResult",
+    "RouteWarning",
+    "fit",
+    "log_joint",
+]

@@ -6,6 +6,7 @@ clear errors for models it cannot take.
 """
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,7 @@ from jaxvb.linalg import Banded
 numpyro = pytest.importorskip("numpyro")
 dist = pytest.importorskip("numpyro.distributions")
 import jaxvb.numpyro  # noqa: E402
+from jaxvb.interop.numpyro._fit import _dense_fields  # noqa: E402
 
 KEY = jax.random.key(0)
 Y = jnp.array([0.3, -0.5, 1.2, 0.8, 2.0, 1.1])
@@ -153,3 +155,35 @@ def test_a_multivariate_normal_field():
     assert bool(res.ok), jaxvb.explain(res)
     draws = res.sample(jax.random.key(1), 100)
     assert draws["f"].shape == (100, 6) and bool(jnp.all(draws["ell"] > 0))
+
+
+def _gp_classification(n):
+    x = jnp.linspace(0.0, 1.0, n)
+
+    def gp(y):
+        ell = numpyro.sample("ell", dist.LogNormal(-1.0, 0.5))
+        k = jnp.exp(-0.5 * (x[:, None] - x[None]) ** 2 / ell**2) + 1e-6 * jnp.eye(n)
+        f = numpyro.sample("f", dist.MultivariateNormal(jnp.zeros(n), k))
+        with numpyro.plate("t", n):
+            numpyro.sample("y", dist.Bernoulli(logits=f), obs=y)
+
+    return gp, (jnp.sin(6.0 * x) > 0).astype(float)
+
+
+@pytest.mark.slow
+def test_a_dense_field_without_latent_warns_of_its_cost_and_the_latent_route():
+    gp, y = _gp_classification(16)
+    options = dict(num_steps=20, fit_kwargs=dict(FIT, on_failure="ignore"))
+    with pytest.warns(jaxvb.numpyro.RouteWarning, match="latent='f'") as record:
+        jaxvb.numpyro.fit(gp, KEY, y, **options)
+    (warning,) = record
+    assert warning.filename == __file__  # points at the caller's line
+    assert "16 x 16 covariance" in str(warning.message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jaxvb.numpyro.RouteWarning)
+        jaxvb.numpyro.fit(gp, KEY, y, latent="f", **options)  # the latent route: quiet
+    small, y_small = _gp_classification(6)  # a cheap factorisation: no warning
+    lj = jaxvb.numpyro.log_joint(small, y_small)
+    assert _dense_fields(lj) == {} and _dense_fields(jaxvb.numpyro.log_joint(gp, y)) == {
+        "f": 16
+    }

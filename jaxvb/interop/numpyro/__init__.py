@@ -50,8 +50,15 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess by the 
         "(or pip install 'jaxvb[numpyro]')"
     ) from e
 
-from jaxvb.interop.numpyro._fit import fit
+from jaxvb.interop.numpyro._fit import RouteWarning, fit
 from jaxvb.interop.numpyro._log_joint import LogJoint, MinibatchLogJoint, log_joint
 from jaxvb.interop.numpyro._result import NumPyroResult
 
-__all__ = ["LogJoint", "MinibatchLogJoint", "NumPyroResult", "fit", "log_joint"]
+__all__ = [
+    "LogJoint",
+    "MinibatchLogJoint",
+    "NumPyroResult",
+    "RouteWarning",
+    "fit",
+    "log_joint",
+]

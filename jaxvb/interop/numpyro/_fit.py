@@ -7,12 +7,14 @@ fitted as a :class:`jaxvb.LatentGaussian` instead.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro.distributions as dist
 from numpyro.infer import init_to_median
 
 from jaxvb import _static
@@ -23,9 +25,31 @@ from jaxvb.families._base import Family, is_concrete
 from jaxvb.interop.numpyro._latent import _latent_spec, _LatentView, _NumPyroLatent, _unused
 from jaxvb.interop.numpyro._log_joint import LogJoint, log_joint
 from jaxvb.interop.numpyro._result import NumPyroResult
+from jaxvb.interop.numpyro._sites import _is_latent, _model_trace
 from jaxvb.methods import Method
 
-__all__ = ["fit"]
+__all__ = ["RouteWarning", "fit"]
+
+
+class RouteWarning(UserWarning):
+    """:func:`fit` was asked for a route that costs far more than another that fits
+    the same model: a dense ``MultivariateNormal`` latent site fitted without
+    ``latent=``. An ordinary ``UserWarning`` subclass, so the ``warnings`` filters
+    apply.
+
+    Example:
+      >>> import warnings, jaxvb.numpyro
+      >>> issubclass(jaxvb.numpyro.RouteWarning, UserWarning)
+      True
+      >>> with warnings.catch_warnings():
+      ...     warnings.simplefilter("ignore", jaxvb.numpyro.RouteWarning)
+      ...     pass  # dense fits in here do not warn
+    """
+
+
+#: A ``MultivariateNormal`` latent site of at least this many values, fitted without
+#: ``latent=``, gets a :class:`RouteWarning` (below it, its factorisation is cheap).
+DENSE_FIELD_WARN_SIZE = 16
 
 
 # Run once per fit: XLA's backend optimisation would cost more to compile than it saves.
@@ -102,6 +126,10 @@ def fit(
       jaxvb.FitError: the fit is not trustworthy (with ``on_failure="raise"``, the
         default); its ``.result`` is the :class:`NumPyroResult`.
 
+    Warns:
+      RouteWarning: a latent site with a dense ``MultivariateNormal`` prior (16 values
+        or more) fitted without ``latent=``: what that costs, and the ``latent=`` route.
+
     Example:
       >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
       >>> import jaxvb.numpyro
@@ -124,6 +152,7 @@ def fit(
         return _fit_latent(
             lj, latent, key_init, key_fit, num_steps, method, init, fit_kwargs
         )
+    _warn_dense_fields(lj)
     q0 = _q0(lj, key_init, init)
     try:
         result = _fit(lj, q0, key_fit, num_steps=num_steps, method=method, **fit_kwargs)
@@ -151,6 +180,45 @@ def _fit_latent(lj, latent, key_init, key_fit, num_steps, method, init, fit_kwar
     except FitError as e:
         raise FitError(str(e), NumPyroResult(e.result, view)) from None
     return NumPyroResult(result, view)
+
+
+def _dense_fields(lj: LogJoint) -> dict[str, int]:
+    """Latent sites with a ``MultivariateNormal`` prior of at least
+    :data:`DENSE_FIELD_WARN_SIZE` values (name -> size), where the model has other
+    latent sites to be ``theta``; read from the model's abstract trace (nothing
+    compiles)."""
+    if len(lj.latent_shapes) < 2:
+        return {}
+    trace = _model_trace(lj._full_model, lj.model_args, lj.model_kwargs)
+    out = {}
+    for name, site in trace.items():
+        if not _is_latent(site):
+            continue
+        base = site["fn"]
+        while isinstance(base, (dist.Independent, dist.ExpandedDistribution)):
+            base = base.base_dist
+        size = int(np.prod(lj.latent_shapes[name], dtype=int))
+        if isinstance(base, dist.MultivariateNormal) and size >= DENSE_FIELD_WARN_SIZE:
+            out[name] = size
+    return out
+
+
+def _warn_dense_fields(lj: LogJoint) -> None:
+    """A :class:`RouteWarning` for each dense Gaussian field fitted without
+    ``latent=``: what the plain route costs and what ``latent=`` does instead."""
+    for name, n in _dense_fields(lj).items():
+        warnings.warn(
+            f"jaxvb.numpyro.fit: the latent site {name!r} has a MultivariateNormal "
+            f"prior over {n} values. Without latent=, every evaluation of the log "
+            f"joint factorises its {n} x {n} covariance (with the gradient and Hessian, "
+            f"for each draw of every step) and q is one dense Gaussian over all "
+            f"{lj.dim} coordinates. latent={name!r} fits it as a latent Gaussian "
+            f"field, q(theta) q({name} | theta), where each observation depends on one "
+            f"value of {name!r}. (warnings.simplefilter('ignore', "
+            "jaxvb.numpyro.RouteWarning) silences this.)",
+            RouteWarning,
+            stacklevel=3,
+        )
 
 
 def _checked_fit_kwargs(fit_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
