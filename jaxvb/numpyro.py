@@ -5,20 +5,5 @@ continuous latent sites on their unconstrained scale; ``jaxvb.numpyro.log_joint`
 gives the model's log joint as a function of one flat vector.
 """
 
-from jaxvb.interop.numpyro import (
-    LogJoint,
-    MinibatchLogJoint,
-    NumPyroResult,
-    RouteWarning,
-    fit,
-    log_joint,
-)
-
-__all__ = [
-    "LogJoint",
-    "MinibatchLogJoint",
-    "NumPyroResult",
-    "RouteWarning",
-    "fit",
-    "log_joint",
-]
+from jaxvb.interop.numpyro import *  # noqa: F403  (its __all__ is this module's)
+from jaxvb.interop.numpyro import __all__  # noqa: F401
