@@ -16,6 +16,7 @@ __all__ = [
     "cancer_mortality",
     "coal_mining_disasters",
     "longley",
+    "radon",
     "sp500_returns",
     "sv_gbpusd",
 ]
@@ -187,4 +188,35 @@ def baseball_1986() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         np.array([int(r["hits"]) for r in rows]),
         np.array([int(r["atbat"]) for r in rows]),
         np.array([int(r["years"]) for r in rows]),
+    )
+
+
+def radon() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Log radon in 919 Minnesota homes in 85 counties (Gelman & Hill 2007, chapter 12).
+
+    The EPA's 1987 Minnesota survey as Gelman & Hill's radon example uses it: the log
+    radon level of each home, whether it was measured on the ground floor (1) or in
+    the basement (0), the county, and the county's log soil-uranium level. The
+    standard data set of varying-intercept and varying-slope models.
+
+    Returns:
+      ``(log_radon, floor, county, log_uranium)``: float and integer arrays of shape
+      ``(919,)``, county indices ``0..84``, and the counties' log uranium, shape
+      ``(85,)``.
+
+    Example:
+      >>> from jaxvb import data
+      >>> y, floor, county, u = data.radon()
+      >>> y.shape, int(floor.sum()), int(county.max()) + 1, u.shape
+      ((919,), 153, 85, (85,))
+    """
+    rows = _rows("radon_mn.csv")
+    county = np.array([int(r["county"]) for r in rows])
+    uranium = np.zeros(int(county.max()) + 1)
+    uranium[county] = [float(r["log_uranium"]) for r in rows]
+    return (
+        np.array([float(r["log_radon"]) for r in rows]),
+        np.array([int(r["floor"]) for r in rows]),
+        county,
+        uranium,
     )

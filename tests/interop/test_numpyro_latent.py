@@ -50,6 +50,41 @@ def test_conjugate_model_is_exact():
     assert float(res.r_squared) == pytest.approx(1.0, abs=1e-10)
 
 
+#: Observations of four groups, unbalanced and out of order (group 3 has none).
+GROUP = jnp.array([2, 0, 1, 0, 2, 2, 0, 4, 1, 4])
+Y_GROUPED = jnp.array([0.3, -0.5, 1.2, 0.8, 2.0, 1.1, -0.2, 0.4, 0.9, 1.5])
+
+
+def grouped(y, group):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 2.0))
+    with numpyro.plate("g", 5):
+        f = numpyro.sample("f", dist.Normal(mu, 1.0))
+    with numpyro.plate("t", y.shape[0]):
+        numpyro.sample("y", dist.Normal(f[group], math.sqrt(0.5)), obs=y)
+
+
+@pytest.mark.slow
+def test_grouped_observations_are_summed_into_their_value_and_exact():
+    """Several observations per value (radon's homes in a county): each group's mean
+    is N(mu, 1 + 0.5 / n_g), so mu | y is Gaussian and the latent route exact."""
+    res = jaxvb.numpyro.fit(
+        grouped, KEY, Y_GROUPED, GROUP, num_steps=30, latent="f", fit_kwargs=FIT
+    )
+    group, y = np.asarray(GROUP), np.asarray(Y_GROUPED)
+    counts = np.bincount(group, minlength=5)
+    ybar = np.array([y[group == g].mean() for g in np.flatnonzero(counts)])
+    var = 1.0 + 0.5 / counts[counts > 0]
+    prec = 1 / 4.0 + np.sum(1 / var)
+    assert int(res.status) == 0
+    np.testing.assert_allclose(res.q.theta.mean, [np.sum(ybar / var) / prec], rtol=1e-10)
+    np.testing.assert_allclose(res.q.theta.cov, [[1 / prec]], rtol=1e-10)
+    draws = res.sample(jax.random.key(1), 4000)
+    # the group with no observations keeps its prior given mu: sd sqrt(1 + 1/prec)
+    assert float(jnp.std(draws["f"][:, 3])) == pytest.approx(
+        np.sqrt(1 + 1 / prec), rel=0.05
+    )
+
+
 def poisson_walk(y):
     """Counts with a random-walk log-rate (``test_numpyro_after`` predicts from its fit:
     hence the deterministic site, which is not in the log joint)."""
@@ -126,8 +161,19 @@ def test_models_it_cannot_take_get_clear_errors():
         with numpyro.plate("t", y.shape[0]):
             numpyro.sample("y", dist.Normal(jnp.sum(f), 1.0), obs=y)
 
-    with pytest.raises(ValueError, match="observed site 'y' has 6 log-densities"):
+    with pytest.raises(
+        ValueError, match="observation 0 of the observed site 'y' depends on several"
+    ):
         jaxvb.numpyro.fit(pooled, KEY, Y, num_steps=10, latent="f")
+
+    def unread(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 2.0))
+        numpyro.sample("f", dist.Normal(mu, 1.0).expand([3]).to_event(1))
+        with numpyro.plate("t", y.shape[0]):
+            numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    with pytest.raises(ValueError, match="observed site 'y' depends on no value of it"):
+        jaxvb.numpyro.fit(unread, KEY, Y, num_steps=10, latent="f")
 
     def alone(y):
         with numpyro.plate("t", y.shape[0]):

@@ -7,6 +7,7 @@ fitted as a :class:`jaxvb.LatentGaussian` instead.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,7 +23,13 @@ from jaxvb._platform import jit_once
 from jaxvb.core.fit import fit as _fit
 from jaxvb.core.status import FitError
 from jaxvb.families._base import Family, is_concrete
-from jaxvb.interop.numpyro._latent import _latent_spec, _LatentView, _NumPyroLatent, _unused
+from jaxvb.interop.numpyro._latent import (
+    _latent_spec,
+    _LatentView,
+    _NumPyroLatent,
+    _unused,
+    observation_groups,
+)
 from jaxvb.interop.numpyro._log_joint import LogJoint, log_joint
 from jaxvb.interop.numpyro._result import NumPyroResult
 from jaxvb.interop.numpyro._sites import _is_latent, _model_trace
@@ -105,7 +112,9 @@ def fit(
         being ``theta``, on NumPyro's unconstrained scale): its prior given the other
         sites must be a ``Normal`` (in a plate or ``.to_event``; a diagonal
         precision), a ``MultivariateNormal`` (dense) or a ``GaussianRandomWalk``
-        (tridiagonal), and each observed value must depend on one value of it. The
+        (tridiagonal), and each observed value must depend on one value of it
+        (several may depend on the same one, as the homes of a county on its
+        intercept: their log-likelihoods are summed into that value's site). The
         start is the init strategy's point for ``theta`` (``init`` must be one);
         ``.sample`` gives every site as usual.
       fit_kwargs: further options of :func:`jaxvb.fit` (``step_size``, ``num_draws``,
@@ -172,6 +181,13 @@ def _fit_latent(lj, latent, key_init, key_fit, num_steps, method, init, fit_kwar
     x0 = _start_point(lj, key_init, None, init)
     model = _NumPyroLatent(_unused, _unused, _unused, data=lj, spec=spec)
     theta0 = x0[jnp.asarray(spec.theta_index)]
+    if all(is_concrete(a) for a in jax.tree_util.tree_leaves(lj)):
+        # concrete data: read off which field value each observation depends on, at
+        # the start moved off any symmetric point (the field's prior median, say)
+        f0 = x0[spec.f_start : spec.f_start + spec.size]
+        nudge = np.random.default_rng(0).normal(0.0, 0.3, spec.size)
+        groups = observation_groups(model, theta0, f0 + jnp.asarray(nudge, f0.dtype))
+        model = dataclasses.replace(model, groups=groups)
     view = _LatentView(lj, spec)
     try:
         result = _fit(

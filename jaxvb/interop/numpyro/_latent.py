@@ -4,11 +4,17 @@ One latent site is the field ``f``, the others are ``theta``, both on NumPyro's
 unconstrained scale. The field's Gaussian prior given ``theta`` and each
 observation's log-likelihood are read from the model's trace at ``(theta, f)``;
 :class:`_LatentView` maps the fit's draws back to the model's sites.
+
+Each observation must depend on one value of the field; several may share one (the
+homes of a county, the days of a group): :func:`observation_groups` finds which
+value each observation depends on, before the fit, and the site of value ``j`` is
+the sum of its observations' log-likelihoods.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +24,8 @@ from numpyro import handlers
 from numpyro.distributions.transforms import biject_to
 from numpyro.infer.util import constrain_fn
 
+from jaxvb import _static
+from jaxvb._platform import jit_once
 from jaxvb.families._base import register_dataclass
 from jaxvb.interop.numpyro._log_joint import LogJoint
 from jaxvb.latent import LatentGaussian
@@ -102,6 +110,9 @@ class _NumPyroLatent(LatentGaussian):
     sit in it."""
 
     spec: _LatentSpec | None = dataclasses.field(default=None, metadata={"static": True})
+    #: Per observed site, the field value each of its observations depends on (an
+    #: integer array), or ``None`` where observation ``t`` depends on value ``t``.
+    groups: tuple | None = None
 
     def _trace(self, theta, f):
         lj, spec = self.data, self.spec
@@ -130,21 +141,107 @@ class _NumPyroLatent(LatentGaussian):
         mean, precision = _gaussian_prior(fn, self.spec.size, self.spec.latent)
         return jnp.asarray(mean, theta.dtype), precision, None
 
-    def site_log_lik(self, f, theta):
+    def observation_log_probs(self, theta, f) -> list:
+        """Each observed site's log-densities at ``(theta, f)``, flattened."""
         _, _, trace = self._trace(theta, f)
+        return [
+            trace[n]["fn"].log_prob(trace[n]["value"]).reshape(-1)
+            for n in self.spec.observed
+        ]
+
+    def site_log_lik(self, f, theta):
+        groups = self.groups or (None,) * len(self.spec.observed)
         total = jnp.zeros(self.spec.size, f.dtype)
-        for name in self.spec.observed:
-            site = trace[name]
-            lp = site["fn"].log_prob(site["value"])
-            if lp.size != self.spec.size:
+        for name, lp, group in zip(
+            self.spec.observed, self.observation_log_probs(theta, f), groups, strict=True
+        ):
+            if group is not None:
+                total = total + jax.ops.segment_sum(lp, group, self.spec.size)
+            elif lp.size == self.spec.size:
+                total = total + lp
+            else:
                 raise ValueError(
                     f"jaxvb.numpyro: the observed site {name!r} has {lp.size} "
                     f"log-densities but the latent site {self.spec.latent!r} has "
-                    f"{self.spec.size} values; with latent=, each observation must "
-                    "depend on one value of the field (one observation per value)"
+                    f"{self.spec.size} values, and which value each observation "
+                    "depends on could not be read off (the data are traced: fit each "
+                    "data set in a Python loop, or give the model concrete data)"
                 )
-            total = total + lp.reshape(self.spec.size)
         return total
+
+
+def observation_groups(model: _NumPyroLatent, theta, f, seed: int = 0) -> tuple | None:
+    """Which value of the field each observation depends on, per observed site.
+
+    Three directional derivatives of the observations' log-densities at ``(theta,
+    f)`` (a point where no derivative vanishes by chance, almost surely): along the
+    ones vector ``d_i``, along ``0, 1, ..., T-1`` (``j d_i`` for an observation that
+    depends on value ``j`` alone) and along a random vector ``r`` (``r_j d_i``, the
+    check). Where every site has one observation per value, in order, ``None``.
+
+    Raises:
+      ValueError: an observation depends on several values of the field, or on none
+        (naming the site and the observation, and what applies instead).
+    """
+    size, dtype = model.spec.size, f.dtype
+    rng = np.random.default_rng(seed)
+    tangents = np.stack([np.ones(size), np.arange(size), rng.uniform(0.5, 1.5, size)])
+    d1, dj, dr = (
+        np.asarray(d) for d in _probe(model, theta, f, jnp.asarray(tangents, dtype))
+    )
+    eps = float(np.finfo(np.dtype(dtype)).eps)
+    tol = 1e3 * eps * max(size, 1)
+    groups, offset, identity = [], 0, True
+    for name, n in zip(
+        model.spec.observed, _observation_sizes(model, theta, f), strict=True
+    ):
+        a, j, r = d1[offset : offset + n], dj[offset : offset + n], dr[offset : offset + n]
+        offset += n
+        scale = np.abs(a) + np.finfo(np.dtype(dtype)).tiny
+        g = np.rint(j / scale * np.sign(a)).astype(int)
+        ok = np.abs(a) > 0
+        ok &= np.abs(j - g * a) <= tol * np.abs(a) * np.maximum(g, 1)
+        ok &= (g >= 0) & (g < size)
+        ok &= np.abs(r - tangents[2][np.clip(g, 0, size - 1)] * a) <= tol * np.abs(r)
+        if not ok.all():
+            i = int(np.flatnonzero(~ok)[0])
+            what = (
+                "depends on no value of it"
+                if a[i] == 0 and r[i] == 0
+                else "depends on several of its values"
+            )
+            raise ValueError(
+                f"jaxvb.numpyro: with latent={model.spec.latent!r}, each observation "
+                f"must depend on one value of that site; observation {i} of the "
+                f"observed site {name!r} {what}. Fit without latent=, or name as "
+                "latent= a site whose values each observation reads one of"
+            )
+        groups.append(g.astype(np.int32))
+        identity &= n == size and bool(np.all(g == np.arange(size)))
+    return None if identity else tuple(jnp.asarray(g) for g in groups)
+
+
+def _observation_sizes(model, theta, f) -> list[int]:
+    shapes = jax.eval_shape(model.observation_log_probs, theta, f)
+    return [int(s.shape[0]) for s in shapes]
+
+
+def _probe(model, theta, f, tangents):
+    """The observations' log-densities differentiated along each row of ``tangents``
+    (one compiled program; the model's non-array parts static)."""
+    arrays, static = _static.partition(model)
+    return _probe_compiled(arrays, static, theta, f, tangents)
+
+
+@functools.partial(jit_once, static_argnames=("static",))
+def _probe_compiled(arrays, static, theta, f, tangents):
+    model = _static.combine(arrays, static)
+
+    def flat(v):
+        return jnp.concatenate(model.observation_log_probs(theta, v))
+
+    _, along = jax.linearize(flat, f)
+    return jax.vmap(along)(tangents)
 
 
 class _LatentView:

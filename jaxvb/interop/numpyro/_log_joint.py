@@ -19,6 +19,8 @@ from numpyro import handlers
 from numpyro.infer import init_to_median
 from numpyro.infer.util import constrain_fn, potential_energy, unconstrain_fn
 
+from jaxvb import _static
+from jaxvb._static import Static
 from jaxvb.interop.numpyro._sites import (
     _abstract_trace,
     _check_sites,
@@ -330,12 +332,13 @@ class _Structure:
     treat them as one program whose inputs are their arrays.
     """
 
-    __slots__ = ("cls", "attrs", "_key")
+    __slots__ = ("cls", "attrs", "data", "_key")
 
-    def __init__(self, cls: type, attrs: dict[str, Any]):
+    def __init__(self, cls: type, attrs: dict[str, Any], data: Static):
         self.cls = cls
         self.attrs = attrs
-        self._key = (cls, _freeze([attrs[name] for name in _STRUCTURE]))
+        self.data = data
+        self._key = (cls, _freeze([attrs[name] for name in _STRUCTURE]), data)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Structure) and self._key == other._key
@@ -345,14 +348,19 @@ class _Structure:
 
 
 def _flatten(lj: LogJoint):
+    # the data's arrays are the children; its other leaves (a Python int that sizes a
+    # plate, say) are static, so that they stay concrete inside a compiled program
+    arrays, data = _static.partition((lj.model_args, lj.model_kwargs, lj.observed))
     attrs = {name: getattr(lj, name) for name in _STRUCTURE}
-    return (lj.model_args, lj.model_kwargs, lj.observed), _Structure(type(lj), attrs)
+    return tuple(arrays), _Structure(type(lj), attrs, data)
 
 
 def _unflatten(structure: _Structure, children) -> LogJoint:
     lj = object.__new__(structure.cls)
     lj.__dict__.update(structure.attrs)
-    lj.model_args, lj.model_kwargs, lj.observed = children
+    lj.model_args, lj.model_kwargs, lj.observed = _static.combine(
+        list(children), structure.data
+    )
     return lj
 
 
