@@ -6,7 +6,7 @@
   Carlo standard errors, k-hat, the family's reachable fit and a start's missed mass.
 - :mod:`~jaxvb.diagnostics.pareto`: Pareto-smoothed importance sampling,
   :func:`psis` (smoothed weights and k-hat), :func:`psis_expectation` and
-  :func:`psis_resample`.
+  :func:`psis_resample` (by :func:`resample_indices`).
 - :mod:`~jaxvb.diagnostics.evidence`: :func:`mixture_evidence`, a mixture's log evidence
   and KL by defensive importance sampling, where ``s^2 / 2`` does not hold.
 
@@ -22,7 +22,13 @@ from jaxvb.diagnostics.evidence import (
     Evidence,
     mixture_evidence,
 )
-from jaxvb.diagnostics.pareto import PSIS, psis, psis_expectation, psis_resample
+from jaxvb.diagnostics.pareto import (
+    PSIS,
+    psis,
+    psis_expectation,
+    psis_resample,
+    resample_indices,
+)
 
 __all__ = [
     "EVIDENCE_SCALE",
@@ -36,4 +42,5 @@ __all__ = [
     "psis",
     "psis_expectation",
     "psis_resample",
+    "resample_indices",
 ]

@@ -24,6 +24,7 @@ import numpy as np
 from jaxvb import _random, _static, linalg
 from jaxvb._platform import after, jit_fast
 from jaxvb.diagnostics import psis
+from jaxvb.diagnostics.pareto import resample_indices
 from jaxvb.families._base import Array, Family, build, is_concrete, register_family
 from jaxvb.families.gaussian import Gaussian
 from jaxvb.latent import _field
@@ -381,7 +382,10 @@ def _importance_resample(q, key, n, num_theta, num_f, widen):
         z = _random.normal(k_z, (num_field, num_f), q.dtype)
         f = (mu[:, None] + ops.back(chol, after(z, mu))).T  # (num_f, N), in turn
         log_q_f = 0.5 * (ops.logdet(chol) - num_field * _LOG_2PI) - 0.5 * jnp.sum(z * z, 0)
-        m, precision, log_norm = model.prior_of_field(th)
+        # the prior after q(f | theta)'s factor: a prior built from a covariance
+        # factors it (a NumPyro MultivariateNormal), and two batched factorisations
+        # scheduled at once can hang XLA:CPU (jaxvb._platform: ordered_factorisations)
+        m, precision, log_norm = model.prior_of_field(after(th, chol))
         prior_ops = _field.ops(precision)
         precision = after(precision, chol)  # factored after q(f | theta)
         log_norm = _prior_log_norm(prior_ops, precision, log_norm, num_field)
@@ -401,7 +405,7 @@ def _importance_resample(q, key, n, num_theta, num_f, widen):
     ratios = ratios - log_proposal[:, None]
     log_w = jax.nn.logsumexp(ratios, axis=1) - math.log(num_f)
     smoothed = psis(log_w)
-    i = jax.random.categorical(k_pick, smoothed.log_weights, shape=(n,))
+    i = resample_indices(k_pick, smoothed.log_weights, n)
     weights = jnp.exp(smoothed.log_weights)
     return LatentImportance(
         theta=theta[i],

@@ -408,7 +408,9 @@ class LatentGaussian:
         The sites come from Newton's method for ``f`` at ``theta`` (the mode of
         ``p(f | theta, y)``, with ``a_t = -d^2 log p(y_t|f_t)`` floored at 0 for sites
         that are not log-concave there), ``q(theta)`` from :func:`jaxvb.laplace` on the
-        hyperparameters' target ``L``; twice, the second time at the first's mode.
+        hyperparameters' target ``L``; in rounds, the sites refreshed at each round's
+        point, each but the last moving ``theta`` a bounded step
+        (:data:`jaxvb.latent.start.ROUND_STEPS`).
         """
         theta0 = jnp.asarray(theta0)
         if theta0.ndim != 1:

@@ -2,14 +2,16 @@ r"""The start of a latent Gaussian fit: a Laplace approximation, in one compiled
 
 Newton's method for ``f`` at ``theta`` (the mode of ``p(f | theta, y)``) gives the
 sites (:func:`_newton_sites`); :func:`jaxvb.laplace`'s search on the hyperparameters'
-target ``L`` (:mod:`jaxvb.latent.target`) gives ``q(theta)``; twice, the second time at
-the first's mode (:func:`_start_traced`). :meth:`jaxvb.LatentGaussian.start` validates
+target ``L`` (:mod:`jaxvb.latent.target`) gives ``q(theta)``; in rounds, each from
+where the last moved to, the sites refreshed (:func:`_start_traced`,
+:data:`ROUND_STEPS`). :meth:`jaxvb.LatentGaussian.start` validates
 ``theta0`` and calls it.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from typing import TYPE_CHECKING
 
@@ -110,12 +112,25 @@ def _newton_sites(model: LatentGaussian, theta, num_iter: int = 30):
     return sites(f)
 
 
+#: How far each round of the start but the last may move a hyperparameter
+#: (unconstrained units), and how many rounds whose search's mode was within that
+#: bound settle the start (the rest are skipped). A round takes the sites at ``theta``
+#: and searches the target they give. A search with sites from a poor ``theta0`` (a
+#: scale far from its posterior) can run off to a collapsed scale: the sites' mismatch
+#: costs the bound less where the field's prior pins it down (a group sd -> 0), and
+#: there the target is too flat and too rounded for the search to come back. Bounded
+#: moves with the sites refreshed between them follow the posterior instead; the last
+#: round moves freely. From a good ``theta0`` two rounds settle it, as before.
+ROUND_STEPS = (2.0, 2.0, 2.0, 2.0, math.inf)
+SETTLED_ROUNDS = 2
+
+
 # One compiled program for the whole start (eagerly, its loops and searches would be
 # traced again at every call).
 def _start_traced(arrays, static, theta0):
     model = _static.combine(arrays, static)
 
-    def round_(theta, _):
+    def search(theta):
         a, b = _newton_sites(model, theta)
         target = functools.partial(_target, model, a, b)
 
@@ -130,18 +145,32 @@ def _start_traced(arrays, static, theta0):
 
         # the search itself (jaxvb.laplace raises where it fails; here a failure is
         # the fit's LAPLACE_FAILED flag)
-        theta_q, info = laplace_traced(
+        return laplace_traced(
             lambda th: target(th)[0],
             theta,
             default_tol(theta.dtype),
             max_iter=200,
             vgh=vgh,
         )
-        return theta_q.mean, (theta_q, info)
 
-    # two rounds as a loop: the sites' search and the mode search compile once
-    theta, (theta_qs, infos) = jax.lax.scan(round_, theta0, None, length=2)
-    theta_q, info = jax.tree_util.tree_map(lambda v: v[-1], (theta_qs, infos))
+    def round_(carry, max_move):
+        theta, calm, _ = carry
+
+        def run(_):
+            theta_q, info = search(theta)
+            move = theta_q.mean - theta
+            within = jnp.all(jnp.abs(move) <= max_move)
+            bounded = theta + jnp.clip(move, -max_move, max_move)
+            nxt = jnp.where(within, theta_q.mean, bounded)
+            return nxt, jnp.where(within, calm + 1, 0), (theta_q, info)
+
+        return jax.lax.cond(calm >= SETTLED_ROUNDS, lambda _: carry, run, None), None
+
+    # the rounds as a loop: the sites' search and the mode search compile once
+    shapes = jax.eval_shape(search, theta0)
+    empty = jax.tree_util.tree_map(lambda v: jnp.zeros(v.shape, v.dtype), shapes)
+    steps = jnp.asarray(ROUND_STEPS, theta0.dtype)
+    (theta, _, (theta_q, info)), _ = jax.lax.scan(round_, (theta0, 0, empty), steps)
     a, b = _newton_sites(model, theta)
     q0 = build(
         LatentGaussianApproximation,
@@ -155,6 +184,7 @@ def _start_traced(arrays, static, theta0):
     return q0, near_mode(info) & q0.is_proper
 
 
+ROUNDS = 2
 _start = jit_once(_start_traced, static_argnames=("static",))
 _start_optimised = jit_fast(_start_traced, static_argnames=("static",))
 

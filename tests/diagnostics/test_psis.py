@@ -93,3 +93,21 @@ def test_following_the_remedy_does_not_clear_the_flag_of_a_wrong_answer():
     assert float(res.khat) > 0.9 and float(res.residual_variance) > 0.5
     with pytest.warns(jaxvb.FitWarning, match="Pareto k-hat"):
         jaxvb.check(res, "raise")  # a warning, not an error
+
+
+def test_resample_indices_follow_the_weights_in_bounded_memory():
+    """Multinomial resampling by the inverted cumulative weights: the frequencies
+    match the weights within their binomial error, a zero weight is never drawn, and
+    n = m = 10^6 runs (an (n, m) array of Gumbel noise would be 8 TB)."""
+    from jaxvb.diagnostics.pareto import resample_indices
+
+    log_w = jnp.log(jnp.array([0.0, 1.0, 3.0, 6.0]))
+    n = 100_000
+    counts = np.bincount(
+        np.asarray(resample_indices(jax.random.key(0), log_w, n)), minlength=4
+    )
+    p = np.array([0.0, 0.1, 0.3, 0.6])
+    assert counts[0] == 0
+    np.testing.assert_allclose(counts / n, p, atol=4 * np.sqrt(0.25 / n))
+    big = resample_indices(jax.random.key(1), jnp.zeros(1_000_000), 1_000_000)
+    assert big.shape == (1_000_000,) and int(big.min()) >= 0 and int(big.max()) < 1_000_000

@@ -8,7 +8,8 @@ log-Jacobians of those bijections), so ``x`` is what NumPyro's HMC samples and
 :func:`fit` fits a Gaussian to it, by Algorithm 2 unless told otherwise. Draws of that
 Gaussian are mapped back through the same bijections: :meth:`NumPyroResult.sample`
 gives the constrained values of every latent and deterministic site, keyed by the
-model's site names.
+model's site names, importance-resampled by ``p / q`` where the weights' Pareto k-hat
+allows it (:meth:`NumPyroResult.importance`).
 
 A model whose plates have a ``subsample_size`` is fitted on minibatches (section 5.5):
 every step evaluates the model once with fresh subsample indices from NumPyro's own
@@ -52,9 +53,10 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess by the 
 
 from jaxvb.interop.numpyro._fit import RouteWarning, fit
 from jaxvb.interop.numpyro._log_joint import LogJoint, MinibatchLogJoint, log_joint
-from jaxvb.interop.numpyro._result import NumPyroResult
+from jaxvb.interop.numpyro._result import Importance, NumPyroResult
 
 __all__ = [
+    "Importance",
     "LogJoint",
     "MinibatchLogJoint",
     "NumPyroResult",

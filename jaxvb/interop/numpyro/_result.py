@@ -10,8 +10,9 @@ array.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,13 +25,57 @@ from numpyro.primitives import Messenger
 from jaxvb import _static
 from jaxvb._platform import jit_once
 from jaxvb.core.result import Result
+from jaxvb.core.status import KHAT_THRESHOLD
 from jaxvb.core.summary import summary
+from jaxvb.diagnostics._draws import map_chunks
+from jaxvb.diagnostics.pareto import psis, psis_resample
 from jaxvb.interop.arviz import from_draws
 from jaxvb.interop.numpyro._latent import _LatentView
 from jaxvb.interop.numpyro._log_joint import LogJoint
 from jaxvb.interop.numpyro._sites import _full_plates_quiet
 
-__all__ = ["NumPyroResult"]
+__all__ = ["Importance", "NumPyroResult"]
+
+#: Proposals of ``q`` weighed per draw that :meth:`NumPyroResult.sample` returns
+#: (at least :data:`MIN_PROPOSALS`): resampling with replacement from several times
+#: as many proposals keeps the repeats few where the weights are even.
+PROPOSALS_PER_DRAW = 4
+MIN_PROPOSALS = 4000
+#: Draws whose log joint is evaluated at once (vmapped); the rest in sequence.
+CHUNK_SIZE = 100
+
+
+class Importance(NamedTuple):
+    """Importance-resampled draws of a fit (:meth:`NumPyroResult.importance`).
+
+    Attributes:
+      x: ``(n, dim)`` draws on the unconstrained scale, resampled from ``q``'s
+        proposals by their Pareto-smoothed weights ``p / q`` (for a ``latent=`` fit,
+        the hyperparameters' weights ``p(y, theta) / q(theta)`` with the field
+        integrated out, as :meth:`jaxvb.LatentGaussianApproximation.importance_resample`
+        computes them): approximate draws of the posterior.
+      khat: the Pareto k-hat of those weights; at most 0.7 the resampled draws are
+        reliable, above it the weights' tail is too heavy to correct ``q``.
+      ess: the effective sample size of the smoothed weights.
+      num_proposals: how many proposals were weighed.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxvb.numpyro import Importance
+      >>> imp = Importance(jnp.zeros((3, 2)), jnp.asarray(0.4), jnp.asarray(2.9), 100)
+      >>> imp.reliable, imp.x.shape
+      (True, (3, 2))
+    """
+
+    x: jax.Array
+    khat: jax.Array
+    ess: jax.Array
+    num_proposals: int
+
+    @property
+    def reliable(self) -> bool:
+        """Whether ``khat`` is at most 0.7 (Stan's threshold for PSIS)."""
+        return bool(np.asarray(self.khat) <= KHAT_THRESHOLD)
 
 
 class _AfterFit(Messenger):
@@ -122,22 +167,108 @@ class NumPyroResult:
     def __dir__(self):
         return sorted(set(super().__dir__()) | _FORWARDED)
 
-    def sample(self, key: jax.Array, num_samples: int) -> dict[str, jax.Array]:
+    def sample(
+        self, key: jax.Array, num_samples: int, *, psis: bool | None = None
+    ) -> dict[str, jax.Array]:
         """``num_samples`` draws of every latent and deterministic site, constrained.
 
-        Draws ``x`` of ``q`` are mapped through NumPyro's bijections and the model is
-        replayed at them (``numpyro.infer.util.constrain_fn``), with all the data, for
-        the deterministic sites. Observed sites are not included.
+        By default the draws are importance-resampled (:meth:`importance`): proposals
+        of ``q`` weighed by ``p / q``, Pareto-smoothed, and resampled in proportion
+        to their weights, which corrects ``q`` towards the posterior where it is
+        narrower or shifted (a hierarchy's scale parameters, a skewed marginal).
+        Where the weights' Pareto k-hat is above 0.7 that correction cannot be
+        trusted and the draws are ``q``'s own. The draws are mapped through
+        NumPyro's bijections and the model is replayed at them
+        (``numpyro.infer.util.constrain_fn``), with all the data, for the
+        deterministic sites. Observed sites are not included.
+
+        Args:
+          key: a JAX random key.
+          num_samples: the number of draws.
+          psis: ``None`` (default): resampled where k-hat allows it, else ``q``'s
+            own draws. ``True``: resampled whatever k-hat is (a ``RuntimeWarning``
+            above 0.7). ``False``: ``q``'s own draws (its moments, as fitted).
 
         Returns:
           A dict keyed by site name, in model order; each value has shape
           ``(num_samples, *site_shape)``. See the class example.
         """
         self._single("sample")
-        x = self.result.q.sample(key, (int(num_samples),))
+        x = self._draws(key, int(num_samples), psis)
         arrays, static = _static.partition(self.log_joint)
         draws = _constrain(arrays, static, x)  # vmap sorts the names
         return {name: draws[name] for name in self.log_joint.posterior_sites}
+
+    def importance(
+        self, key: jax.Array, num_samples: int, *, num_proposals: int | None = None
+    ) -> Importance:
+        """``num_samples`` draws of ``x`` resampled by Pareto-smoothed importance
+        weights, with the weights' k-hat and effective sample size.
+
+        ``num_proposals`` draws of ``q`` (by default ``4 num_samples``, at least
+        4000) are weighed by ``p(x) / q(x)``, the log joint evaluated in chunks of
+        100 draws; the weights are Pareto-smoothed (:func:`jaxvb.diagnostics.psis`)
+        and ``num_samples`` draws are resampled from the proposals with
+        replacement in proportion to them (sampling importance resampling, as
+        Stan's Pathfinder returns its draws). For a ``latent=`` fit the weights are
+        the hyperparameters' with the field integrated out
+        (:meth:`jaxvb.LatentGaussianApproximation.importance_resample`).
+
+        Example:
+          A skewed posterior (a Poisson rate under a Gamma prior): ``q``, a
+          log-normal on the rate's scale, is close, and the resampled draws move
+          towards the exact ``Gamma(4, 3)`` (mean 4/3, sd 2/3). On the log scale the
+          posterior's left tail is exponential and ``q``'s Gaussian: the weights' tail
+          is heavy there, and ``khat`` says how far the resample can be trusted.
+
+          >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+          >>> import jaxvb.numpyro
+          >>> def model(y):
+          ...     rate = numpyro.sample("rate", dist.Gamma(1.0, 1.0))
+          ...     numpyro.sample("y", dist.Poisson(rate), obs=y)
+          >>> res = jaxvb.numpyro.fit(model, jax.random.key(0), jnp.array([1.0, 2.0]),
+          ...                         num_steps=200)
+          >>> imp = res.importance(jax.random.key(1), 1000)
+          >>> imp.x.shape, imp.num_proposals, bool(0 < imp.ess <= imp.num_proposals)
+          ((1000, 1), 4000, True)
+        """
+        self._single("importance")
+        n = int(num_samples)
+        if n < 1:
+            raise ValueError(f"importance: num_samples must be >= 1, got {num_samples!r}")
+        q = self.result.q
+        if isinstance(self.log_joint, _LatentView):
+            m = int(num_proposals or max(MIN_PROPOSALS // 2, n // 2))
+            out = q.importance_resample(key, n, num_theta=m, warn=False)
+            x = jnp.concatenate([out.theta, out.f], axis=1)
+            return Importance(x, out.khat, out.ess, m)
+        m = int(num_proposals or max(MIN_PROPOSALS, PROPOSALS_PER_DRAW * n))
+        if m < 25:
+            raise ValueError(
+                f"importance: num_proposals must be >= 25 (Pareto smoothing fits the "
+                f"tail of at least 5 weights), got {num_proposals!r}"
+            )
+        arrays, static = _static.partition(self.log_joint)
+        x, khat, ess = _importance(arrays, static, q, key, n=n, m=m)
+        return Importance(x, khat, ess, m)
+
+    def _draws(self, key: jax.Array, n: int, psis: bool | None) -> jax.Array:
+        """:meth:`sample`'s draws of ``x``: resampled, or ``q``'s own."""
+        if psis is False:
+            return self.result.q.sample(key, (n,))
+        imp = self.importance(key, n)
+        if imp.reliable:
+            return imp.x
+        if psis is None:
+            return self.result.q.sample(key, (n,))
+        warnings.warn(
+            f"NumPyroResult.sample: the importance weights' Pareto k-hat is "
+            f"{float(imp.khat):.2f} (above 0.7): the resampled draws are not a "
+            "reliable correction of q; psis=None gives q's own draws instead.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return imp.x
 
     def predictive(
         self, key: jax.Array, num_samples: int, *model_args: Any, **model_kwargs: Any
@@ -365,6 +496,20 @@ def _run_after_fit(key, latent, arrays, static, *, redraw):
 
 
 _run_after_fit_jit = jit_once(_run_after_fit, static_argnames=("static", "redraw"))
+
+
+@jit_once(static_argnames=("static", "n", "m"))
+def _importance(arrays, static, q, key, *, n, m):
+    """``n`` draws resampled from ``m`` proposals of ``q`` by their smoothed weights
+    ``p / q``, the weights' k-hat and effective sample size: one compiled program per
+    model structure and sizes."""
+    log_joint = _static.combine(arrays, static)
+    key_q, key_r = jax.random.split(key)
+    x = q.sample(key_q, (m,))
+    log_r = map_chunks(log_joint, x, CHUNK_SIZE).astype(x.dtype) - jax.vmap(q.log_prob)(x)
+    weights = psis(log_r)
+    ess = 1.0 / jnp.sum(jnp.exp(2.0 * weights.log_weights))
+    return psis_resample(key_r, x, weights.log_weights, n), weights.khat, ess
 
 
 @jit_once(static_argnames=("static",))
