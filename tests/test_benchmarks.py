@@ -299,3 +299,22 @@ def test_dimension_quick(tmp_path):
         assert 0 < r["peak_rss_mb"] < 64_000
     assert result["environment"]["git"]["commit"]
     assert (tmp_path / "dimension.png").stat().st_size > 10_000
+
+
+def test_hierarchical_quick(tmp_path):
+    """The hierarchical benchmark's quick mode (the centred eight schools through
+    latent='theta', NUTS beside it): scored against the stored reference, with the
+    route's times and NUTS's, and a figure; the reference's format."""
+    result = run_quick("hierarchical", tmp_path)
+    row = result["models"]["eight_schools_centered"]
+    assert row["fit"]["route"] == {"latent": "theta"}
+    assert row["verdict"] in ("accurate", "accurate (flagged)", "flagged")
+    assert row["score"]["max_mean_error_sd"] < 0.25
+    assert set(row["score"]["by_site"]) == {"mu", "tau", "theta"}
+    assert row["fit"]["first_call_s"] > row["fit"]["after_compile_s"] > 0
+    assert row["nuts"]["first_call_s"] > row["nuts"]["after_compile_s"] > 0
+    assert (tmp_path / "hierarchical.png").stat().st_size > 10_000
+    refs = json.loads((BENCHMARKS.parent / "tests/data/hierarchical_nuts.json").read_text())
+    assert len(refs["models"]) >= 10
+    for ref in refs["models"].values():
+        assert ref["max_r_hat"] < 1.01 and ref["min_ess"] > 1000

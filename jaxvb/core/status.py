@@ -85,7 +85,9 @@ class Status(enum.IntFlag):
     #: posterior's or it misses mass (a funnel, a skewed or heavy-tailed posterior),
     #: so its expectations can be off. (A k-hat above 0.7 on a closer fit is reported
     #: by :func:`explain` without a flag: k-hat alone is noisy, and pessimistic in
-    #: many dimensions.)
+    #: many dimensions.) A ``latent=`` fit of :func:`jaxvb.numpyro.fit` reads k-hat
+    #: from the weights its draws rest on, ``p(y, theta) / q(theta)`` with the field
+    #: integrated out, by the same rule.
     HIGH_KHAT = 256
     #: Warning: draws of the distribution the fit started from reach posterior mass
     #: that ``q`` misses: importance sampling from ``(q + q0) / 2`` (a Gaussian ``q0``
@@ -279,7 +281,12 @@ def explain(result: Result) -> str:
     tail = _khat_line(result)
     if status == Status.OK:
         return "ok" if tail is None else f"ok, but {tail}"
-    lines = [phrase(result) for flag, phrase in _PHRASES if flag in status]
+    phrases = _PHRASES
+    if never_proper(result):
+        phrases = ((Status.IMPROPER_RESULT, _no_proper_update),) + tuple(
+            (f, p) for f, p in _PHRASES if f not in _IMPROPER
+        )
+    lines = [phrase(result) for flag, phrase in phrases if flag in status]
     if tail is not None:
         lines.append(tail)
     return "; ".join(lines)
@@ -292,6 +299,29 @@ def _improper_result(result) -> str:
         "remedy), start closer to the posterior (fit(log_joint, x0, ...) with a "
         "point x0 starts from the Laplace approximation there), or use more draws "
         "per step. If it persists, check that the posterior is proper (integrable)."
+    )
+
+
+_IMPROPER = Status.IMPROPER_RESULT | Status.IMPROPER_PROPOSAL
+
+
+def never_proper(result) -> bool:
+    """Whether no update of the fit was proper: improper from the first step, and the
+    average never proper either."""
+    status = Status(int(np.asarray(result.status)))
+    first = int(np.asarray(getattr(result, "first_improper_step", -1)))
+    return Status.IMPROPER_RESULT in status and 0 <= first <= 1
+
+
+def _no_proper_update(result) -> str:
+    return (
+        "no update was a proper distribution, from the first step to the last: the "
+        "log density does not curve downwards in every direction where q sits, so no "
+        "fixed form of this family fits it there. This is a saddle between modes (the "
+        "symmetric modes of a neural network's hidden units, a mixture's relabelled "
+        "components) or a density without a maximum, and more steps will not help. "
+        "Sample it with NUTS, fit a jaxvb.GaussianMixture with a component per mode, "
+        "or reparameterise to break the symmetry (order the hidden units)."
     )
 
 
@@ -461,7 +491,7 @@ def _khat_line(result) -> str | None:
     if variance < KHAT_MIN_VARIANCE and not flagged:
         return None
     return (
-        f"the Pareto k-hat of the importance ratios p/q over the diagnostics' draws is "
+        f"the Pareto k-hat of the importance ratios p/q is "
         f"{khat:.2f} (above {KHAT_THRESHOLD}): q's tails are lighter than the "
         "posterior's, or q misses part of its mass (another mode), so expectations under "
         "q can be off and importance sampling from q (jaxvb.diagnostics.psis) is "

@@ -12,7 +12,9 @@ marginals by its CDF): their ``mcse`` is shown as ``-``. Other rows (NumPyro sit
 their constrained scale, a latent field, a family without closed forms) come from
 independent draws of ``q`` (key 0 unless one is given, so the same result prints the
 same table); ``mcse`` is the Monte Carlo standard error of their mean, ``sd /
-sqrt(n)``.
+sqrt(n)``. A NumPyro fit's rows come from its default draws, importance-resampled
+(:meth:`jaxvb.numpyro.NumPyroResult.sample`; ``mcse`` over the weights' effective
+number where that is smaller), with ``q``'s own mean and sd in two more columns.
 """
 
 from __future__ import annotations
@@ -191,6 +193,8 @@ def summary(
     columns = ("mean", "sd", *(f"{100 * p:.4g}%" for p in probs), "mcse")
     if base is not result:
         rows, notes = _numpyro_rows(result, key, num_samples, names, probs, max_rows)
+        if rows and len(rows[0][1]) > len(columns):  # q's own mean and sd beside
+            columns = (*columns, "q mean", "q sd")
     else:
         rows, notes = _rows(result.q, key, num_samples, names, probs, max_rows)
     values = np.array([r[1] for r in rows], np.float64).reshape(len(rows), len(columns))
@@ -248,10 +252,11 @@ def _exact(mean, sd, quantiles) -> list[tuple[list[float], bool]]:
     return [([mean[i], sd[i], *q[i], 0.0], True) for i in range(mean.size)]
 
 
-def _from_draws(draws: np.ndarray, probs) -> list[tuple[list[float], bool]]:
-    """Rows from ``(n, m)`` draws: mean, sd, quantiles, mcse = sd / sqrt(n)."""
+def _from_draws(draws: np.ndarray, probs, effective=None) -> list[tuple[list[float], bool]]:
+    """Rows from ``(n, m)`` draws: mean, sd, quantiles, mcse = sd / sqrt(n) (or over
+    the square root of ``effective`` draws, where fewer: resampled draws)."""
     draws = np.asarray(draws, np.float64)
-    n = draws.shape[0]
+    n = draws.shape[0] if effective is None else min(draws.shape[0], effective)
     mean = draws.mean(0)
     sd = draws.std(0, ddof=1)
     q = np.quantile(draws, probs, axis=0).T
@@ -402,17 +407,21 @@ def _numpyro_rows(result, key, num_samples, names, probs, max_rows):
         )
     size = sum(math.prod(shapes[s]) for s in sites)
     n = _num_draws(num_samples, result.q.event_shape[0] + size)
-    draws = result.sample(_as_key(key), n)
+    draws, own, source = result._summary_draws(_as_key(key), n)
     rows, notes = [], []
     for site in sites:
         value = np.asarray(draws[site], np.float64).reshape(n, -1)
-        stats = _from_draws(value, probs)
+        stats = _from_draws(value, probs, source.effective)
+        if own is not None:  # q's own mean and sd, where the draws are resampled
+            q_value = np.asarray(own[site], np.float64).reshape(n, -1)
+            q_mean, q_sd = q_value.mean(0), q_value.std(0, ddof=1)
+            stats = [([*v, q_mean[i], q_sd[i]], e) for i, (v, e) in enumerate(stats)]
         if value.shape[1] > max_rows:
             notes.append(_compact(site, stats, tuple(shapes[site])))
             continue
         labels = _labels(site, tuple(shapes[site]))
         rows += [(label, v, e) for label, (v, e) in zip(labels, stats, strict=True)]
-    notes.append(f"(from {n} draws of q, on the model's constrained scale)")
+    notes.append(f"({source.words}, on the model's constrained scale)")
     return rows, notes
 
 

@@ -337,6 +337,9 @@ class LatentImportance(NamedTuple):
         is unreliable.
       ess: the effective sample size of the smoothed weights (of ``num_theta``).
       log_evidence: ``log p(y)``, the log mean of the ``num_theta * num_f`` ratios.
+      log_weight_variance: the variance of the hyperparameters' log weights (before
+        smoothing): how far ``q(theta)`` is from ``p(theta | y)`` (about twice their KL
+        for a close fit), which says whether a k-hat above 0.7 matters.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxvb
@@ -355,6 +358,7 @@ class LatentImportance(NamedTuple):
     khat: Array
     ess: Array
     log_evidence: Array
+    log_weight_variance: Array
 
 
 # the log joint's evaluations held at once (chunk * num_f * N floats) by the chunks
@@ -413,4 +417,5 @@ def _importance_resample(q, key, n, num_theta, num_f, widen):
         khat=smoothed.khat,
         ess=1.0 / jnp.sum(weights**2),
         log_evidence=jax.nn.logsumexp(ratios) - math.log(num_theta * num_f),
+        log_weight_variance=jnp.nanvar(jnp.where(jnp.isfinite(log_w), log_w, jnp.nan)),
     )

@@ -2,7 +2,7 @@
 
 Against closed forms: a Poisson rate under a Gamma prior, whose Gaussian fit on the log
 scale is close but not exact (the resampled draws close the gap), and a Cauchy, whose
-tails no Gaussian proposal can weigh (k-hat above 0.7: q's own draws by default).
+tails no Gaussian proposal can weigh (k-hat above 1: q's own draws by default).
 """
 
 import warnings
@@ -15,6 +15,9 @@ import pytest
 numpyro = pytest.importorskip("numpyro")
 dist = pytest.importorskip("numpyro.distributions")
 import jaxvb.numpyro  # noqa: E402
+
+# the fast tier reaches the resampled draws through every sample() of its NumPyro tests
+pytestmark = pytest.mark.slow
 
 COUNTS = jnp.array([1.0, 2.0])
 
@@ -59,7 +62,8 @@ def test_psis_false_gives_q_own_draws(rate_fit):
 
 
 def test_heavy_tails_fall_back_to_q_and_psis_true_warns():
-    """A Cauchy: the weights' k-hat is far above 0.7, so the default draws are q's own
+    """A Cauchy: the weights' k-hat is above 1 (their mean does not exist), so the
+    default draws are q's own
     and psis=True warns that its resample is not a reliable correction."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -67,7 +71,7 @@ def test_heavy_tails_fall_back_to_q_and_psis_true_warns():
             cauchy, jax.random.key(0), num_steps=200, fit_kwargs=dict(on_failure="ignore")
         )
     imp = res.importance(jax.random.key(1), 1000)
-    assert float(imp.khat) > 0.7 and not imp.reliable
+    assert float(imp.khat) > 1.0 and not imp.reliable
     default = res.sample(jax.random.key(1), 1000)["x"]
     own = res.sample(jax.random.key(1), 1000, psis=False)["x"]
     np.testing.assert_array_equal(default, own)

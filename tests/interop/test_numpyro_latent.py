@@ -280,3 +280,37 @@ def test_radon_from_a_poor_start_finds_the_posterior():
     for site in ("mu_a", "sigma_a", "b", "sigma_y"):
         error = abs(float(draws[site].mean()) - ref[site]["mean"][0]) / ref[site]["sd"][0]
         assert error < 0.25, (site, error)
+
+
+def crossed(y, subject, item):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    sigma_s = numpyro.sample("sigma_s", dist.HalfNormal(2.0))
+    sigma_i = numpyro.sample("sigma_i", dist.HalfNormal(2.0))
+    sigma_y = numpyro.sample("sigma_y", dist.HalfNormal(2.0))
+    with numpyro.plate("item", 20):
+        b = numpyro.sample("b", dist.Normal(0.0, sigma_i))
+    with numpyro.plate("subject", 30):
+        a = numpyro.sample("a", dist.Normal(mu, sigma_s))
+    with numpyro.plate("trial", y.shape[0]):
+        numpyro.sample("y", dist.Normal(a[subject] + b[item], sigma_y), obs=y)
+
+
+@pytest.mark.slow
+def test_a_funnel_among_the_other_sites_is_named_with_its_remedies():
+    """Crossed effects with the subjects as the field and the items' effects centred
+    among the other sites: the start runs the items' scale off to 0, and the error
+    names it and the two remedies."""
+    rng = np.random.default_rng(1)
+    s, i = (v.ravel() for v in np.meshgrid(np.arange(30), np.arange(20), indexing="ij"))
+    y = 1.0 + rng.normal(0, 0.6, 30)[s] + rng.normal(0, 0.4, 20)[i] + rng.normal(0, 1, 600)
+    with pytest.raises(jaxvb.FitError, match="ran sigma_i towards 0") as err:
+        jaxvb.numpyro.fit(
+            crossed,
+            KEY,
+            jnp.asarray(y),
+            jnp.asarray(s),
+            jnp.asarray(i),
+            num_steps=1000,
+            latent="a",
+        )
+    assert "Non-centre that effect" in str(err.value)

@@ -377,3 +377,35 @@ def test_a_centred_hierarchy_names_its_funnel_and_the_scale_site():
     lj = jaxvb.numpyro.log_joint(centred_eight_schools, sigma, y)
     names = [lj.coordinate_name(i) for i in range(lj.dim)]
     assert names == ["mu", "tau", *(f"theta[{j}]" for j in range(8))]
+
+
+def bnn(x, y):
+    """Four tanh units: the posterior is symmetric under each unit's sign flip and
+    under permutations of the units, with saddles between the modes."""
+    w1 = numpyro.sample("w1", dist.Normal(0.0, 1.0).expand([4]).to_event(1))
+    b1 = numpyro.sample("b1", dist.Normal(0.0, 1.0).expand([4]).to_event(1))
+    w2 = numpyro.sample("w2", dist.Normal(0.0, 1.0).expand([4]).to_event(1))
+    b2 = numpyro.sample("b2", dist.Normal(0.0, 1.0))
+    noise = numpyro.sample("noise", dist.HalfNormal(1.0))
+    mean = jnp.tanh(x[:, None] * w1 + b1) @ w2 + b2
+    with numpyro.plate("obs", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mean, noise), obs=y)
+
+
+@pytest.mark.slow
+def test_symmetric_modes_get_an_error_naming_the_sites_and_the_remedies():
+    """A neural network's weights (benchmarks/hierarchical.py's): no update is
+    proper, and the error says so in a few lines, without advice to raise num_steps,
+    naming NUTS, a mixture and the sites."""
+    rng = np.random.default_rng(4)
+    x = np.sort(rng.uniform(-2.0, 2.0, 40))
+    y = np.tanh(2.0 * x) + 0.5 * x + rng.normal(0.0, 0.2, x.size)
+    with pytest.raises(jaxvb.FitError) as err:
+        jaxvb.numpyro.fit(
+            bnn, jax.random.key(0), jnp.asarray(x), jnp.asarray(y), num_steps=1000
+        )
+    message = str(err.value)
+    assert "no update was a proper distribution" in message
+    assert "NUTS" in message and "GaussianMixture" in message
+    assert "Increase num_steps" not in message and "may still be fine" not in message
+    assert "along the site(s) w" in message and len(message) < 1200
