@@ -378,6 +378,13 @@ def short_array(x, where: str | None = None) -> str:
 
 
 def _laplace_failed(result) -> str:
+    if hasattr(result.q, "theta"):  # a latent Gaussian model's start from theta0
+        return (
+            "the start's search for the hyperparameters' mode (the field integrated "
+            "out) did not converge from theta0; start theta0 nearer the posterior, or "
+            "check that p(theta | y) is proper (a scale whose group effects are among "
+            "theta, not the field, can run off to 0: non-centre those effects)."
+        )
     return (
         "the Laplace approximation at the starting point x0 was not proper or its mode "
         "search did not converge (see jaxvb.laplace); start from a jaxvb.Gaussian "
