@@ -382,11 +382,6 @@ def _checked_fit_kwargs(fit_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
         raise TypeError(
             f"jaxvb.numpyro.fit: give {clash} as arguments of fit, not in fit_kwargs"
         )
-    on_failure = fit_kwargs.get("on_failure", "raise")
-    if on_failure not in ("raise", "warn", "ignore"):
-        raise ValueError(
-            f"on_failure must be 'raise', 'warn' or 'ignore', got {on_failure!r}"
-        )
     return fit_kwargs
 
 
