@@ -48,8 +48,13 @@ class Result(NamedTuple):
         of ``log p`` at the diagnostics' draws (``residual_variance`` can come down to
         it; see :class:`jaxvb.diagnostics.Diagnostics`), NaN where not computed.
       khat: the Pareto k-hat of the importance ratios ``p / q`` at the diagnostics'
-        draws (:func:`jaxvb.diagnostics.psis`); above 0.7 :func:`explain` says why it
-        matters (not a status flag: it is read with ``residual_variance``).
+        draws (:func:`jaxvb.diagnostics.psis`). Above 0.7 it flags the fit
+        (``Status.HIGH_KHAT``, which :func:`explain` explains) where ``q`` is
+        materially off, ``residual_variance`` at least
+        :data:`jaxvb.core.status.KHAT_FLAG_VARIANCE`; below that variance a k-hat
+        over 0.7 is the noisy tail of an otherwise close fit and does not flag it.
+      khat_sd: the Monte Carlo standard deviation of ``khat`` (a bootstrap over the
+        same draws, :func:`jaxvb.diagnostics.khat_sd`); NaN where not computed.
       status: ``int32`` bit flags, see :class:`Status`; ``0`` when all went well.
       first_improper_step, last_improper_step: the first and last steps whose update
         was improper (``-1`` if none).
@@ -88,6 +93,7 @@ class Result(NamedTuple):
     r_squared_stderr: jax.Array
     reachable_variance: jax.Array
     khat: jax.Array
+    khat_sd: jax.Array
     status: jax.Array
     first_improper_step: jax.Array
     last_improper_step: jax.Array

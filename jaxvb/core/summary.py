@@ -9,12 +9,13 @@ words (:func:`jaxvb.explain`).
 Where the family has the marginals in closed form the rows are exact (Gaussian;
 Gamma, Inverse-Gamma, Beta and Exponential by their CDFs; a Gaussian mixture's
 marginals by its CDF): their ``mcse`` is shown as ``-``. Other rows (NumPyro sites on
-their constrained scale, a latent field, a family without closed forms) come from
-independent draws of ``q`` (key 0 unless one is given, so the same result prints the
-same table); ``mcse`` is the Monte Carlo standard error of their mean, ``sd /
-sqrt(n)``. A NumPyro fit's rows come from its default draws, importance-resampled
-(:meth:`jaxvb.numpyro.NumPyroResult.sample`; ``mcse`` over the weights' effective
-number where that is smaller), with ``q``'s own mean and sd in two more columns.
+their constrained scale, a latent field and its model's transformed hyperparameters,
+a family without closed forms) come from independent draws of ``q`` (key 0 unless one
+is given, so the same result prints the same table); ``mcse`` is the Monte Carlo
+standard error of their mean, ``sd / sqrt(n)``. A NumPyro fit's rows come from its
+default draws, importance-resampled (:meth:`jaxvb.numpyro.NumPyroResult.sample`;
+``mcse`` over the weights' effective number where that is smaller), with ``q``'s own
+mean and sd in two more columns.
 """
 
 from __future__ import annotations
@@ -134,16 +135,18 @@ def summary(
         per site on the model's constrained scale, ``beta[0]``, ``beta[1]``, ... for
         vector sites, deterministic sites included), or a batch of either (from
         ``jax.vmap`` or :func:`jaxvb.fit_batched`: one row of diagnostics per fit).
-        For a :class:`jaxvb.LatentGaussian` fit, the rows are ``theta`` (exact) and
-        the field ``f``.
+        For a :class:`jaxvb.LatentGaussian` fit, the rows are the hyperparameters
+        (named by the model's ``theta_names``, else ``theta[i]``; exact, or from
+        draws of ``q(theta)`` on the scale of its ``theta_transforms``) and the field
+        (named by its ``field_name``, ``f`` by default).
       key: the key for rows computed from draws; default ``jax.random.key(0)`` (a
         result always prints the same table). Exact rows use no draws.
       num_samples: draws for those rows (fewer for a very long field: at most
         ``MAX_DRAWN_ELEMENTS`` numbers in all; the table says how many).
       names: for a plain result, one label per coordinate of ``x`` (default
-        ``x[0]``, ``x[1]``, ...; ``theta[i]`` for a latent Gaussian fit's
-        hyperparameters); for a NumPyro result, the sites to show (default all its
-        latent and deterministic sites, in model order).
+        ``x[0]``, ``x[1]``, ...; for a latent Gaussian fit's hyperparameters, the
+        model's ``theta_names`` or ``theta[i]``); for a NumPyro result, the sites to
+        show (default all its latent and deterministic sites, in model order).
       prob: the central probability the quantile columns span, e.g. 0.9 gives 5%,
         50% and 95%.
       max_rows: a vector site (or latent field) with more elements is one line under
@@ -269,19 +272,7 @@ def _rows(q, key, num_samples, names, probs, max_rows):
     """Rows ``(label, values, exact)`` and notes for the fitted family ``q``."""
     notes = []
     if hasattr(q, "num_hyper"):  # a latent field's q(theta) q(f | theta)
-        k, t = q.num_hyper, q.num_latent
-        labels = _given_names(names, k, "theta")
-        stats = _closed_form(q.theta, probs)
-        rows = [(label, v, e) for label, (v, e) in zip(labels, stats, strict=True)]
-        n = _num_draws(num_samples, k + t)
-        draws = _draw(q, key, n)[:, k:]
-        field = _from_draws(draws, probs)
-        if t <= max_rows:
-            rows += [(f"f[{i}]", v, e) for i, (v, e) in enumerate(field)]
-        else:
-            notes.append(_compact("f", field))
-        notes.append(f"(f: from {n} draws of q)")
-        return rows, notes
+        return _latent_rows(q, key, num_samples, names, probs, max_rows)
     shape = tuple(q.event_shape)
     size = math.prod(shape)
     labels = _given_names(names, size, "x", shape)
@@ -291,6 +282,44 @@ def _rows(q, key, num_samples, names, probs, max_rows):
         stats = _from_draws(_draw(q, key, n).reshape(n, size), probs)
         notes.append(f"(from {n} draws of q)")
     return [(label, v, e) for label, (v, e) in zip(labels, stats, strict=True)], notes
+
+
+def _latent_rows(q, key, num_samples, names, probs, max_rows):
+    """Rows and notes of a latent Gaussian fit: the hyperparameters by name (the
+    model's ``theta_names``, else ``theta[i]``), exact where their scale is
+    ``q(theta)``'s, else from draws of ``q(theta)`` mapped by the model's
+    ``theta_transforms``; the field, named ``field_name``, from the same draws."""
+    k, t, model = q.num_hyper, q.num_latent, getattr(q, "model", None)
+    field = getattr(model, "field_name", "f")
+    given = getattr(model, "theta_names", None) if names is None else names
+    labels = _given_names(given, k, "theta")
+    transforms = getattr(model, "theta_transforms", None) or (None,) * k
+    n = _num_draws(num_samples, k + t)
+    draws = _draw(q, key, n)
+    stats = _closed_form(q.theta, probs)
+    drawn = [lb for lb, tr in zip(labels, transforms, strict=True) if tr is not None]
+    if drawn:
+        theta = np.asarray(q.constrained(jnp.asarray(draws[:, :k])))
+        constrained = _from_draws(theta, probs)
+        stats = [
+            c if tr is not None else s
+            for s, c, tr in zip(stats, constrained, transforms, strict=True)
+        ]
+    rows = [(label, v, e) for label, (v, e) in zip(labels, stats, strict=True)]
+    values = _from_draws(draws[:, k:], probs)
+    notes = []
+    if t <= max_rows:
+        rows += [(f"{field}[{i}]", v, e) for i, (v, e) in enumerate(values)]
+    else:
+        notes.append(_compact(field, values))
+    if drawn:
+        notes.append(
+            f"({', '.join([*drawn, field])}: from {n} draws of q, the hyperparameters "
+            "on their constrained scale)"
+        )
+    else:
+        notes.append(f"({field}: from {n} draws of q)")
+    return rows, notes
 
 
 def _given_names(names, size, prefix, shape=None):
@@ -456,6 +485,7 @@ def _diagnostics(result: Result) -> dict[str, float]:
             "r_squared",
             "r_squared_stderr",
             "khat",
+            "khat_sd",
             "status",
         )
         if hasattr(result, name)
@@ -467,12 +497,14 @@ def _footer(d: dict[str, float]) -> list[str]:
         se = d.get(f"{name}_stderr")
         return _fmt(d[name]) + ("" if se is None else f" ± {_fmt(se)}")
 
+    spread = d.get("khat_sd", math.nan)
+    khat = _fmt(d["khat"]) + (f" ± {_fmt(spread)}" if math.isfinite(spread) else "")
     return [
         f"ELBO          {value('elbo')} (± Monte Carlo standard error)",
         f"log evidence  {value('log_evidence')} (ELBO + KL)",
         f"KL(q || p)    {value('kl')} (s^2 / 2, from the regression's residual)",
         f"R^2           {value('r_squared')} (1: q explains log p exactly)",
-        f"k-hat         {_fmt(d['khat'])} (Pareto, of p/q; above 0.7 unreliable)",
+        f"k-hat         {khat} (Pareto, of p/q; flags above 0.7 with a KL over 0.25)",
     ]
 
 

@@ -5,7 +5,8 @@
   and ``R^2`` from the residual ``log p - log q`` at draws of ``q``, with their Monte
   Carlo standard errors, k-hat, the family's reachable fit and a start's missed mass.
 - :mod:`~jaxvb.diagnostics.pareto`: Pareto-smoothed importance sampling,
-  :func:`psis` (smoothed weights and k-hat), :func:`psis_expectation` and
+  :func:`psis` (smoothed weights and k-hat), :func:`khat_sd` (k-hat's Monte
+  Carlo spread), :func:`psis_expectation` and
   :func:`psis_resample` (by :func:`resample_indices`).
 - :mod:`~jaxvb.diagnostics.evidence`: :func:`mixture_evidence`, a mixture's log evidence
   and KL by defensive importance sampling, where ``s^2 / 2`` does not hold.
@@ -24,6 +25,7 @@ from jaxvb.diagnostics.evidence import (
 )
 from jaxvb.diagnostics.pareto import (
     PSIS,
+    khat_sd,
     psis,
     psis_expectation,
     psis_resample,
@@ -38,6 +40,7 @@ __all__ = [
     "Diagnostics",
     "Evidence",
     "evaluate",
+    "khat_sd",
     "mixture_evidence",
     "psis",
     "psis_expectation",

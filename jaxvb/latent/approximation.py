@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxvb import _random, _static, linalg
 from jaxvb._platform import after, jit_fast
-from jaxvb.diagnostics import psis
+from jaxvb.diagnostics import khat_sd, psis
 from jaxvb.diagnostics.pareto import resample_indices
 from jaxvb.families._base import Array, Family, build, is_concrete, register_family
 from jaxvb.families.gaussian import Gaussian
@@ -320,6 +320,34 @@ class LatentGaussianApproximation(Family):
         k = self.num_hyper
         return x[..., :k], x[..., k:]
 
+    def constrained(self, theta: Array) -> Array:
+        """Hyperparameters ``theta (..., k)`` on their constrained scale, ``(..., k)``:
+        the model's ``theta_transforms[i]`` applied to ``theta[..., i]`` (the identity
+        where there is none, and for a model without transforms).
+
+        Example:
+          >>> import jax, jax.numpy as jnp, jaxvb
+          >>> model = jaxvb.LatentGaussian(
+          ...     log_prior=lambda th: -0.5 * jnp.sum(th**2),
+          ...     prior=lambda th: (jnp.zeros(2), jnp.exp(th[0]) * jnp.eye(2)),
+          ...     log_lik=lambda f, y: -0.5 * (y - f) ** 2, data=jnp.zeros(2),
+          ...     theta_names=("tau", "nu"), theta_transforms={"tau": jnp.exp})
+          >>> model.theta_transforms == (jnp.exp, None)   # in the names' order
+          True
+          >>> _, q, _ = model.start(jnp.zeros(2))
+          >>> q.constrained(jnp.array([[0.0, -1.5], [1.0, 2.0]])).round(4).tolist()
+          [[1.0, -1.5], [2.7183, 2.0]]
+        """
+        theta = jnp.asarray(theta)
+        transforms = self.model.theta_transforms
+        if transforms is None:
+            return theta
+        columns = [
+            theta[..., i] if t is None else jnp.vectorize(t)(theta[..., i])
+            for i, t in enumerate(transforms)
+        ]
+        return jnp.stack([jnp.asarray(c).astype(theta.dtype) for c in columns], -1)
+
     def __repr__(self) -> str:
         return (
             f"LatentGaussianApproximation(theta=N(mean={np.asarray(self.theta.mean)!r}), "
@@ -340,6 +368,8 @@ class LatentImportance(NamedTuple):
       log_weight_variance: the variance of the hyperparameters' log weights (before
         smoothing): how far ``q(theta)`` is from ``p(theta | y)`` (about twice their KL
         for a close fit), which says whether a k-hat above 0.7 matters.
+      khat_sd: the Monte Carlo standard deviation of ``khat``
+        (:func:`jaxvb.diagnostics.khat_sd`).
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxvb
@@ -359,6 +389,7 @@ class LatentImportance(NamedTuple):
     ess: Array
     log_evidence: Array
     log_weight_variance: Array
+    khat_sd: Array
 
 
 # the log joint's evaluations held at once (chunk * num_f * N floats) by the chunks
@@ -418,4 +449,5 @@ def _importance_resample(q, key, n, num_theta, num_f, widen):
         ess=1.0 / jnp.sum(weights**2),
         log_evidence=jax.nn.logsumexp(ratios) - math.log(num_theta * num_f),
         log_weight_variance=jnp.nanvar(jnp.where(jnp.isfinite(log_w), log_w, jnp.nan)),
+        khat_sd=khat_sd(jax.random.fold_in(key, 1), log_w),
     )

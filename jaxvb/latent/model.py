@@ -142,6 +142,20 @@ class LatentGaussian:
       log_lik_takes_theta: call ``log_lik(f, data, theta)``: observations that also
         depend on the hyperparameters (a noise scale, a dispersion).
       num_hyper: ``k``; set by :meth:`start` (``jaxvb.fit`` calls it), ``None`` before.
+      theta_names: one name per hyperparameter, as it reads after its transform, for
+        the summary and ArviZ (``None``: ``theta[0]``, ``theta[1]``, ...).
+      theta_transforms: one function per hyperparameter (``None`` the identity), or
+        a dict keyed by ``theta_names``: each maps its unconstrained value to the
+        constrained scale, elementwise (``jnp.exp`` for a log scale; see
+        :meth:`jaxvb.latent.LatentGaussianApproximation.constrained`).
+        ``q(theta)`` itself stays on the unconstrained scale.
+      field_name: the field's name in the summary and ArviZ (default ``"f"``).
+      simulate: ``(key, f (T,), data) -> y``, one replicated data set at the sites'
+        values (``log_lik``'s ``f``; ``(key, f, data, theta)`` with
+        ``log_lik_takes_theta``): ``jaxvb.to_arviz``'s posterior predictive.
+
+    These four describe the model and do not enter the fit's programs: static, like
+    the functions (a new data set of the same shapes reuses the compiled fit).
 
     Called on a flat ``x = (theta, f)`` of shape ``(k + T,)`` (once ``num_hyper`` is
     set), the model is the log joint density: what ``jaxvb.fit``'s diagnostics evaluate.
@@ -167,19 +181,29 @@ class LatentGaussian:
     log_lik_takes_theta: bool = dataclasses.field(default=False, metadata=_STATIC)
     num_hyper: int | None = dataclasses.field(default=None, metadata=_STATIC)
     num_field: int | None = dataclasses.field(default=None, metadata=_STATIC)
+    theta_names: tuple[str, ...] | None = dataclasses.field(default=None, metadata=_STATIC)
+    theta_transforms: tuple[Callable | None, ...] | None = dataclasses.field(
+        default=None, metadata=_STATIC
+    )
+    field_name: str = dataclasses.field(default="f", metadata=_STATIC)
+    simulate: Callable | None = dataclasses.field(default=None, metadata=_STATIC)
 
     def __post_init__(self):
-        for name in ("log_prior", "prior", "log_lik"):
-            if not callable(getattr(self, name)):
+        for name in ("log_prior", "prior", "log_lik", "simulate"):
+            value = getattr(self, name)
+            if not (callable(value) or (name == "simulate" and value is None)):
                 raise TypeError(
-                    f"LatentGaussian: {name} must be a function, got "
-                    f"{type(getattr(self, name)).__name__}"
+                    f"LatentGaussian: {name} must be a function, got {type(value).__name__}"
                 )
         if not isinstance(self.num_quadrature, int) or self.num_quadrature < 1:
             raise ValueError(
                 f"LatentGaussian: num_quadrature must be a positive integer, got "
                 f"{self.num_quadrature!r}"
             )
+        names, transforms = _checked_names(self)
+        # tuples, hashable: these fields are part of the model's static structure
+        object.__setattr__(self, "theta_names", names)
+        object.__setattr__(self, "theta_transforms", transforms)
 
     # -- the pieces ------------------------------------------------------------------
 
@@ -345,6 +369,7 @@ class LatentGaussian:
                 "LatentGaussian: log_prior(theta) must return a scalar, got shape "
                 f"{getattr(lp, 'shape', type(lp).__name__)}"
             )
+        _check_transforms(self, theta)
         return t
 
     def _check_log_lik(self, theta: jax.ShapeDtypeStruct, precision, t: int) -> None:
@@ -442,6 +467,66 @@ class LatentGaussian:
 def _checked(model: LatentGaussian, theta: jax.ShapeDtypeStruct) -> int:
     """:meth:`LatentGaussian.check`'s traces, kept per model structure and shapes."""
     return model._check(theta)
+
+
+def _checked_names(model: LatentGaussian):
+    """``(theta_names, theta_transforms)`` as tuples (a dict of transforms in the
+    names' order), or a clear error about them or ``field_name``."""
+    names, transforms, field = model.theta_names, model.theta_transforms, model.field_name
+    if names is not None:
+        ok = isinstance(names, (tuple, list)) and all(
+            isinstance(n, str) and n for n in names
+        )
+        if not ok or len(set(names)) != len(names):
+            raise ValueError(
+                "LatentGaussian: theta_names must be distinct non-empty strings, one "
+                f"per hyperparameter, such as ('sigma', 'rho'); got {names!r}"
+            )
+        names = tuple(names)
+    if isinstance(transforms, dict):
+        if names is None or not set(transforms) <= set(names):
+            raise ValueError(
+                "LatentGaussian: a dict of theta_transforms is keyed by theta_names "
+                f"{names!r}; got the keys {tuple(transforms)!r}"
+            )
+        transforms = tuple(transforms.get(n) for n in names)
+    if transforms is not None:
+        if not isinstance(transforms, (tuple, list)) or not all(
+            t is None or callable(t) for t in transforms
+        ):
+            raise TypeError(
+                "LatentGaussian: theta_transforms must be a sequence of functions (None "
+                "for the identity), one per hyperparameter, such as (jnp.exp, None), or "
+                f"a dict keyed by theta_names; got {transforms!r}"
+            )
+        transforms = tuple(transforms)
+    if not (isinstance(field, str) and field) or field in (names or ("theta",)):
+        raise ValueError(
+            "LatentGaussian: field_name must be a non-empty string other than the "
+            f"hyperparameters' names {names or ('theta',)!r}; got {field!r}"
+        )
+    return names, transforms
+
+
+def _check_transforms(model: LatentGaussian, theta: jax.ShapeDtypeStruct) -> None:
+    """A clear error where ``theta_names`` or ``theta_transforms`` do not have one
+    entry per hyperparameter, or a transform does not map a scalar to a scalar."""
+    k = theta.shape[0]
+    for what in ("theta_names", "theta_transforms"):
+        given = getattr(model, what)
+        if given is not None and len(given) != k:
+            raise ValueError(
+                f"LatentGaussian: {len(given)} {what} for the {k} hyperparameters of "
+                f"theta0 (shape ({k},)); give one per hyperparameter"
+            )
+    scalar = jax.ShapeDtypeStruct((), theta.dtype)
+    for i, t in enumerate(model.theta_transforms or ()):
+        shape = None if t is None else getattr(jax.eval_shape(t, scalar), "shape", None)
+        if t is not None and shape != ():
+            raise ValueError(
+                f"LatentGaussian: theta_transforms[{i}] must map one unconstrained value "
+                f"(a scalar) to one constrained value; it returned shape {shape}"
+            )
 
 
 def _check_prior(mean, precision, log_norm, design) -> int:

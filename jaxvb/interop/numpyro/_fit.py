@@ -313,8 +313,9 @@ def _judged_by_importance(res: NumPyroResult, key: jax.Array) -> NumPyroResult:
     of the weights :meth:`NumPyroResult.sample`'s draws rest on
     (:meth:`NumPyroResult.importance`, 16,000 proposals for 4000 draws: ``p / q``, or
     ``p(y, theta) / q(theta)`` with the field integrated out), which sets
-    ``HIGH_KHAT`` by the engine's rule: above 0.7 where ``q`` is materially off (the
-    log weights' variance at least ``KHAT_FLAG_VARIANCE``). Not on k-hat alone: from
+    ``HIGH_KHAT`` by the engine's rule (``khat_sd`` becomes theirs too): above 0.7
+    where ``q`` is materially off (the log weights' variance at least
+    ``KHAT_FLAG_VARIANCE``). Not on k-hat alone: from
     a tail of a few rare draws it can read 0.4 on one key and 6 on the next for a fit
     whose log weights hardly vary. A result with an error flag, or a traced one
     (under ``jit`` or ``vmap``), keeps the fit's own k-hat.
@@ -330,7 +331,9 @@ def _judged_by_importance(res: NumPyroResult, key: jax.Array) -> NumPyroResult:
     material = float(np.asarray(imp.log_weight_variance)) >= KHAT_FLAG_VARIANCE
     flag = int(Status.HIGH_KHAT) if khat > KHAT_THRESHOLD and material else 0
     result = res.result._replace(
-        khat=jnp.asarray(imp.khat), status=res.result.status | flag
+        khat=jnp.asarray(imp.khat),
+        khat_sd=jnp.asarray(imp.khat_sd),
+        status=res.result.status | flag,
     )
     return dataclasses.replace(res, result=result)
 

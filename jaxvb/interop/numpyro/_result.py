@@ -25,10 +25,10 @@ from numpyro.primitives import Messenger
 from jaxvb import _static
 from jaxvb._platform import jit_once
 from jaxvb.core.result import Result
-from jaxvb.core.status import KHAT_THRESHOLD
+from jaxvb.core.status import KHAT_RESAMPLE_LIMIT, KHAT_THRESHOLD
 from jaxvb.core.summary import summary
 from jaxvb.diagnostics._draws import map_chunks
-from jaxvb.diagnostics.pareto import psis, psis_resample
+from jaxvb.diagnostics.pareto import khat_sd, psis, psis_resample
 from jaxvb.interop.arviz import from_draws
 from jaxvb.interop.numpyro._latent import _LatentView
 from jaxvb.interop.numpyro._log_joint import LogJoint
@@ -41,13 +41,6 @@ __all__ = ["Importance", "NumPyroResult"]
 #: as many proposals keeps the repeats few where the weights are even.
 PROPOSALS_PER_DRAW = 4
 MIN_PROPOSALS = 4000
-#: The k-hat up to which :meth:`NumPyroResult.sample` resamples by default. Up to 0.7
-#: PSIS's estimates are reliable; up to 1 they still converge, with a bias that
-#: shrinks as proposals are added (Vehtari et al. 2024, section 3), and they stay
-#: closer to the posterior than ``q``'s own draws where ``q``'s tails are too light
-#: (the eight schools' centred scale: sd 0.93-0.98 of NUTS's at k-hat 0.87, ``q``'s
-#: own 1.23-1.26); above 1 the weights' mean does not exist.
-KHAT_RESAMPLE_LIMIT = 1.0
 #: Draws whose log joint is evaluated at once (vmapped); the rest in sequence.
 CHUNK_SIZE = 100
 
@@ -67,6 +60,8 @@ class Importance(NamedTuple):
       num_proposals: how many proposals were weighed.
       log_weight_variance: the variance of the log weights before smoothing (about
         twice ``KL(q || p)`` for a close fit): whether a k-hat above 0.7 matters.
+      khat_sd: the Monte Carlo standard deviation of ``khat``
+        (:func:`jaxvb.diagnostics.khat_sd`).
 
     Example:
       >>> import jax.numpy as jnp
@@ -81,6 +76,7 @@ class Importance(NamedTuple):
     ess: jax.Array
     num_proposals: int
     log_weight_variance: jax.Array = jnp.nan
+    khat_sd: jax.Array = jnp.nan
 
     @property
     def reliable(self) -> bool:
@@ -260,7 +256,7 @@ class NumPyroResult:
             m = int(num_proposals or max(MIN_PROPOSALS // 2, n // 2))
             out = q.importance_resample(key, n, num_theta=m, warn=False)
             x = jnp.concatenate([out.theta, out.f], axis=1)
-            return Importance(x, out.khat, out.ess, m, out.log_weight_variance)
+            return Importance(x, out.khat, out.ess, m, out.log_weight_variance, out.khat_sd)
         m = int(num_proposals or max(MIN_PROPOSALS, PROPOSALS_PER_DRAW * n))
         if m < 25:
             raise ValueError(
@@ -268,8 +264,8 @@ class NumPyroResult:
                 f"tail of at least 5 weights), got {num_proposals!r}"
             )
         arrays, static = _static.partition(self.log_joint)
-        x, khat, ess, variance = _importance(arrays, static, q, key, n=n, m=m)
-        return Importance(x, khat, ess, m, variance)
+        x, khat, ess, variance, spread = _importance(arrays, static, q, key, n=n, m=m)
+        return Importance(x, khat, ess, m, variance, spread)
 
     def _summary_draws(self, key: jax.Array, n: int):
         """The summary's draws: :meth:`sample`'s, ``q``'s own where those are
@@ -540,8 +536,8 @@ _run_after_fit_jit = jit_once(_run_after_fit, static_argnames=("static", "redraw
 @jit_once(static_argnames=("static", "n", "m"))
 def _importance(arrays, static, q, key, *, n, m):
     """``n`` draws resampled from ``m`` proposals of ``q`` by their smoothed weights
-    ``p / q``, the weights' k-hat, effective sample size and log weights' variance:
-    one compiled program per model structure and sizes."""
+    ``p / q``, the weights' k-hat, effective sample size, log weights' variance and
+    k-hat's Monte Carlo sd: one compiled program per model structure and sizes."""
     log_joint = _static.combine(arrays, static)
     key_q, key_r = jax.random.split(key)
     x = q.sample(key_q, (m,))
@@ -549,7 +545,9 @@ def _importance(arrays, static, q, key, *, n, m):
     weights = psis(log_r)
     ess = 1.0 / jnp.sum(jnp.exp(2.0 * weights.log_weights))
     variance = jnp.nanvar(jnp.where(jnp.isfinite(log_r), log_r, jnp.nan))
-    return psis_resample(key_r, x, weights.log_weights, n), weights.khat, ess, variance
+    spread = khat_sd(jax.random.fold_in(key, 1), log_r)
+    x = psis_resample(key_r, x, weights.log_weights, n)
+    return x, weights.khat, ess, variance, spread
 
 
 @jit_once(static_argnames=("static",))
