@@ -73,6 +73,12 @@ def _unnamed(res):
     return res._replace(q=dataclasses.replace(res.q, model=model))
 
 
+#: The tests of a fitted model: slow (the fit compiles for ~10 s), and on one xdist
+#: worker, so that the module's fit runs once.
+def fitted(test):
+    return pytest.mark.slow(pytest.mark.xdist_group("latent_names")(test))
+
+
 @pytest.fixture(scope="module")
 def res():
     return jaxvb.fit(_model(), jnp.zeros(2), KEY, num_steps=NUM_STEPS)
@@ -139,6 +145,7 @@ def test_names_are_static_and_leave_the_leaves_alone():
     assert _static.partition(_model())[1] == _static.partition(_model(Y + 1.0))[1]
 
 
+@fitted
 def test_new_data_reuses_the_compiled_fit(res):
     """The names are static: a new data set of the same shapes compiles no new fit."""
     size = _fit._fit._cache_size()
@@ -147,7 +154,7 @@ def test_new_data_reuses_the_compiled_fit(res):
     assert again.q.model.theta_names == ("sigma", "mu")
 
 
-@pytest.mark.slow
+@fitted
 def test_a_named_fit_is_the_unnamed_fit_bit_for_bit(res):
     plain = jaxvb.LatentGaussian(
         log_prior=_log_prior, prior=_prior, log_lik=_log_lik, data=Y
@@ -161,6 +168,7 @@ def test_a_named_fit_is_the_unnamed_fit_bit_for_bit(res):
         np.testing.assert_array_equal(a, b)
 
 
+@fitted
 def test_constrained_applies_each_transform_to_its_column(res):
     theta, _ = res.sample(jax.random.key(3), 50)
     out = res.q.constrained(theta)
@@ -172,6 +180,7 @@ def test_constrained_applies_each_transform_to_its_column(res):
 # --------------------------------------------------------------------- the summary
 
 
+@fitted
 def test_summary_names_the_hyperparameters_on_their_scale_and_the_field(res):
     n = 1000
     s = res.summary(num_samples=n)
@@ -191,6 +200,7 @@ def test_summary_names_the_hyperparameters_on_their_scale_and_the_field(res):
     assert "sigma" in str(s)
 
 
+@fitted
 def test_summary_of_an_unnamed_model_is_what_it_was(res):
     s = _unnamed(res).summary(num_samples=200)
     assert s.names == ("theta[0]", "theta[1]", *(f"f[{t}]" for t in range(T)))
@@ -203,6 +213,7 @@ def test_summary_of_an_unnamed_model_is_what_it_was(res):
 # ------------------------------------------------------------------------ ArviZ
 
 
+@fitted
 def test_to_arviz_groups_hold_the_named_draws(res):
     key, n = jax.random.key(4), N
     idata = jaxvb.to_arviz(res, key, n, num_chains=2, psis=False)
@@ -232,6 +243,7 @@ def test_to_arviz_groups_hold_the_named_draws(res):
     assert idata.posterior_predictive["y"].shape == (2, 200, T)
 
 
+@fitted
 def test_loo_runs_and_gives_a_finite_elpd(res):
     idata = jaxvb.to_arviz(res, jax.random.key(5), N, psis=False)
     # (az.loo may warn about its own k-hat values: with one value of the field per
@@ -244,6 +256,7 @@ def test_loo_runs_and_gives_a_finite_elpd(res):
     assert loo.elpd_loo < lppd
 
 
+@fitted
 def test_posterior_predictive_has_the_poisson_means_of_its_draws(res):
     """Given the draws' ``f``, the replicated counts are independent Poisson(exp f):
     ``mean(y_rep_t) - mean(exp f_t)`` over ``n`` draws has sd ``sqrt(mean(exp f_t) /
@@ -259,7 +272,7 @@ def test_posterior_predictive_has_the_poisson_means_of_its_draws(res):
     assert np.all(np.abs(z) < 4.5), z
 
 
-@pytest.mark.slow
+@fitted
 def test_psis_chooses_between_the_resampled_draws_and_q(res, monkeypatch):
     key, n = jax.random.key(7), 100
     out = res.q.importance_resample(key, n, num_theta=2000, warn=False)
@@ -280,6 +293,7 @@ def test_psis_chooses_between_the_resampled_draws_and_q(res, monkeypatch):
     np.testing.assert_array_equal(forced.posterior["mu"].values.ravel(), out.theta[:, 1])
 
 
+@fitted
 def test_to_arviz_of_an_unnamed_model_and_its_errors(res):
     plain = _unnamed(res)
     idata = jaxvb.to_arviz(plain, jax.random.key(8), N, psis=False, log_likelihood=False)
