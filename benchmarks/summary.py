@@ -461,6 +461,34 @@ def hierarchical(results: Path) -> list[tuple[str, str]]:
     )
 
 
+def verdicts(results: Path) -> list[tuple[str, str]]:
+    d = _load(results, "verdicts")
+    summaries = [m["summary"] for m in d["models"].values() if m.get("summary")]
+    t, settings, ref = d["targets"], d["settings"], d["settings"]["reference"]
+    fits = sum(s["num_fits"] for s in summaries)
+    datasets = sum(s["num_datasets"] for s in summaries)
+
+    def count(*names):
+        return sum(s["verdicts_every_key"].get(v, 0) for s in summaries for v in names)
+
+    agree = [
+        t["no_inaccurate_fit_without_flag"]["met"],
+        t["no_accurate_fit_flagged"]["met"],
+    ]
+    return _rows(
+        f"Verdicts across data sets ({len(summaries)} models)",
+        f"{fits} fits ({datasets} data sets x {settings['num_keys']} keys): accurate "
+        "and unflagged; inaccurate and flagged; accurate but flagged; inaccurate "
+        f"without a flag | {count('accurate')}; {count('flagged', 'refused')}; "
+        f"{count('accurate (flagged)')}; {count('wrong', 'silent narrow')} | NUTS on "
+        f"each data set, {ref['num_chains']} x {ref['num_samples']} draws | no "
+        f"inaccurate fit without a flag; no accurate fit flagged | {_met(agree)}",
+        "data sets whose flag changes with the fit's key | "
+        f"{t['flag_same_over_keys']['value']} of {datasets} | — | none | "
+        f"{_met(t['flag_same_over_keys']['met'])}",
+    )
+
+
 def _results_lines(rows) -> list[str]:
     """The headline table; without the experiment column where all rows share one (a
     page's title names it)."""
@@ -706,6 +734,83 @@ def _hierarchical_details(results: Path) -> list[str]:
     ]
 
 
+def _span(values, fmt: str = ".2f") -> str:
+    """``lo-hi`` of a ``[lo, hi]`` range (``—`` where there is none)."""
+    if not values:
+        return "—"
+    lo, hi = values
+    return f"{lo:{fmt}}" if lo == hi else f"{lo:{fmt}}-{hi:{fmt}}"
+
+
+def _verdicts_details(results: Path) -> list[str]:
+    d = _load(results, "verdicts")
+    per_model, per_dataset = [], []
+    for name, m in d["models"].items():
+        s = m.get("summary")
+        if not s:
+            continue
+        truth = ", ".join(f"{k} = {v:.3g}" for k, v in (m["hyperparameters"] or {}).items())
+        counts = ", ".join(f"{n} {v}" for v, n in s["verdicts_every_key"].items())
+        a = s["agreement"]
+        per_model.append(
+            f"{name} | {truth} | {s['num_datasets']} x {s['num_fits'] // s['num_datasets']}"
+            f" | {counts} | {_span(s['khat'])} ({_span(s['khat_every_key'])}) | "
+            f"{_span(s['khat_sd'])} | {_span(s['log_weight_variance'])} | "
+            f"{_span(s['sd_ratio_min'])} | {_span(s['sd_ratio_max'])} | "
+            f"{_span(s['max_mean_error_sd'])} | {a['agree']} / {a['of']} | "
+            f"{len(s['flag_changes_with_key'])}"
+        )
+        for r in m["datasets"]:
+            first, ref = r["fits"][0], r["reference"]
+            imp, sc = first.get("importance", {}), first.get("score")
+            if "error" in first:  # its q can be anything: no numbers to show
+                imp, sc = {}, None
+            khats = ", ".join(_fmt(f.get("khat")) for f in r["fits"])
+            flags = ", ".join(f.get("flags", "—").replace("|", " ") for f in r["fits"])
+            per_dataset.append(
+                f"{name} | {r['index']} ({r['origin']}) | "
+                f"{', '.join(r['verdicts_over_keys'])} | {flags} | {khats} | "
+                f"{_fmt(imp.get('khat', '—'))}, "
+                f"{_fmt(imp.get('log_weight_variance', '—'))}, "
+                f"{format(imp['ess'], '.0f') if imp else '—'} | "
+                + (
+                    f"{sc['sd_ratio'][0]:.2f}-{sc['sd_ratio'][1]:.2f} | "
+                    f"{sc['max_mean_error_sd']:.2f}"
+                    if sc
+                    else f"{first.get('error', {}).get('type', '—')} | —"
+                )
+                + f" | {ref['max_r_hat']:.3f}, {ref['min_ess']:.0f}, {ref['divergences']}"
+            )
+    return [
+        "Per model: the hyperparameters the simulated data sets are drawn at (the "
+        "stored reference's posterior means on the benchmark's data, data set 0), the "
+        "data sets and keys, the verdicts of every fit, and over the data sets: "
+        "`res.khat` (first key; every key), its Monte Carlo sd where the result "
+        "carries one, the log weights' variance, the smallest and the largest sd "
+        "ratio, the worst mean error (in NUTS sd), how many fits the flag agrees with "
+        "(flagged exactly where inaccurate) and on how many data sets the flag changes "
+        "with the key. The ranges leave out fits that raised an error.",
+        "",
+        *_table(
+            "model | simulated at | data sets x keys | verdicts | k-hat | k-hat sd | "
+            "log-weight variance | smallest sd ratio | largest sd ratio | mean error | "
+            "flag agrees | flag changes with key",
+            per_model,
+        ),
+        "",
+        "Per data set: each key's verdict, flags and `res.khat`; the first key's "
+        "importance weights (`res.importance(key, 4000)`: k-hat, log-weight variance, "
+        "ESS), sd ratios and worst mean error; the reference's largest R-hat, smallest "
+        "ESS and divergences.",
+        "",
+        *_table(
+            "model | data set | verdicts | flags | k-hat | importance k-hat, variance, "
+            "ESS | sd ratios | mean error | NUTS R-hat, ESS, divergences",
+            per_dataset,
+        ),
+    ]
+
+
 class Page(NamedTuple):
     """One benchmark's page: its title, what it measures, its headline rows, its
     figures, its details and the JSON files it reads (if not ``<name>.json``)."""
@@ -843,6 +948,17 @@ PAGES = {
         hierarchical,
         (("hierarchical.png", "Recommended route against NUTS, per model"),),
         _hierarchical_details,
+    ),
+    "verdicts": Page(
+        "Verdicts across data sets",
+        "Whether a fit's flag (`HIGH_KHAT` and the other status flags of "
+        "`jaxvb.numpyro.fit`) tracks its accuracy rather than the data set or the "
+        "key: several models of the hierarchical benchmark, each on its own data and "
+        "on data sets simulated from it at fixed hyperparameters, fitted with several "
+        "keys by the recommended route and scored against NUTS on each data set.",
+        verdicts,
+        (("verdicts.png", "k-hat against sd ratios, every fit, per model"),),
+        _verdicts_details,
     ),
     "gpu": Page(
         "On a GPU",

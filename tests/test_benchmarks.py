@@ -318,3 +318,56 @@ def test_hierarchical_quick(tmp_path):
     assert len(refs["models"]) >= 10
     for ref in refs["models"].values():
         assert ref["max_r_hat"] < 1.01 and ref["min_ess"] > 1000
+
+
+@pytest.mark.integration
+def test_verdicts_quick(tmp_path):
+    """The verdicts benchmark's quick mode (the non-centred eight schools on its own
+    data and one data set simulated at the stored reference's posterior means, two
+    keys each, short NUTS on each data set): every fit scored against its data set's
+    reference, the flag's agreement with accuracy counted, and a figure."""
+    result = run_quick("verdicts", tmp_path)
+    model = result["models"]["eight_schools_noncentered"]
+    refs = json.loads((BENCHMARKS.parent / "tests/data/hierarchical_nuts.json").read_text())
+    stored = refs["models"]["eight_schools_noncentered"]["sites"]
+    assert model["hyperparameters"] == {
+        "mu": stored["mu"]["mean"][0],
+        "tau": stored["tau"]["mean"][0],
+    }
+    rows = model["datasets"]
+    assert [(r["index"], r["origin"]) for r in rows] == [(0, "benchmark"), (1, "simulated")]
+    # the short reference on the benchmark's data agrees with the stored long one
+    # (its Monte Carlo error of the means is ~0.05 sd)
+    vs = rows[0]["reference_vs_stored"]
+    assert (
+        vs["max_mean_error_sd"] < 0.25
+        and 0.8 < vs["sd_ratio"][0] <= vs["sd_ratio"][1] < 1.2
+    )
+    for r in rows:
+        ref = r["reference"]
+        assert set(ref["sites"]) == {"mu", "tau", "theta"} and ref["max_r_hat"] < 1.05
+        assert len(r["fits"]) == 2 and r["verdict"] == r["fits"][0]["verdict"]
+        for fit in r["fits"]:
+            assert (fit["status"] != 0) == (fit["flags"] != "OK")
+            imp = fit["importance"]
+            assert np.isfinite(fit["khat"]) and imp["num_proposals"] == 16000
+            assert 0 < imp["ess"] <= 16000 and imp["log_weight_variance"] > 0
+            assert set(fit["score"]["by_site"]) == {"mu", "tau", "theta"}
+            # eight schools is never far off: no fit's means are, flagged or not
+            assert fit["score"]["max_mean_error_sd"] < 0.5
+            assert fit["verdict"] in ("accurate", "accurate (flagged)", "flagged")
+    s = model["summary"]
+    assert s["num_datasets"] == 2 and s["num_fits"] == 4
+    assert sum(s["verdicts_every_key"].values()) == 4
+    a = s["agreement"]
+    assert a["of"] == 4
+    assert (
+        a["agree"] + len(a["accurate_but_flagged"]) + len(a["inaccurate_without_flag"]) == 4
+    )
+    assert result["targets"]["no_inaccurate_fit_without_flag"]["met"]
+    assert set(result["targets"]) == {
+        "no_inaccurate_fit_without_flag",
+        "no_accurate_fit_flagged",
+        "flag_same_over_keys",
+    }
+    assert (tmp_path / "verdicts.png").stat().st_size > 10_000
