@@ -10,6 +10,7 @@ array.
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -190,8 +191,9 @@ class NumPyroResult:
         to their weights, which corrects ``q`` towards the posterior where it is
         narrower or shifted (a hierarchy's scale parameters, a skewed marginal).
         Up to a Pareto k-hat of 0.7 the correction is reliable; up to 1 it still
-        converges and is kept (the fit's ``message`` reports the k-hat); above 1 the
-        draws are ``q``'s own. The draws are mapped through
+        converges and is kept; above 1 the draws are ``q``'s own. The k-hat that
+        decides is the fit's (``khat``, the one its verdict rests on), not that of
+        each call's proposals, so that every call gives the same kind of draws. The draws are mapped through
         NumPyro's bijections and the model is replayed at them
         (``numpyro.infer.util.constrain_fn``), with all the data, for the
         deterministic sites. Observed sites are not included.
@@ -199,7 +201,7 @@ class NumPyroResult:
         Args:
           key: a JAX random key.
           num_samples: the number of draws.
-          psis: ``None`` (default): resampled where k-hat is at most 1, else
+          psis: ``None`` (default): resampled where the fit's k-hat is at most 1, else
             ``q``'s own draws. ``True``: resampled whatever k-hat is (a
             ``RuntimeWarning`` above 1). ``False``: ``q``'s own draws (its moments,
             as fitted).
@@ -274,29 +276,39 @@ class NumPyroResult:
         imp = self.importance(key, n)
         arrays, static = _static.partition(self.log_joint)
         own = _constrain(arrays, static, self.result.q.sample(key, (n,)))
-        if np.asarray(imp.khat) > KHAT_RESAMPLE_LIMIT:
+        khat = self._deciding_khat(imp)
+        if khat > KHAT_RESAMPLE_LIMIT:
             words = f"from {n} draws of q: the importance weights' k-hat is above 1"
             return own, None, _Source(words, None)
         words = (
             f"from {n} draws resampled from {imp.num_proposals} of q by importance "
-            f"weights, k-hat {float(imp.khat):.2f}, ess {float(imp.ess):.0f}; q mean, "
+            f"weights, k-hat {khat:.2f}, ess {float(imp.ess):.0f}; q mean, "
             "q sd: q's own draws"
         )
         draws = _constrain(arrays, static, imp.x)
         return draws, own, _Source(words, float(imp.ess))
+
+    def _deciding_khat(self, imp: Importance) -> float:
+        """The k-hat that decides between resampled draws and ``q``'s own: the fit's
+        (``self.khat``, which :func:`jaxvb.numpyro.fit` reads from 16,000 proposals
+        and bases its verdict on), so that the draws do not switch with the key of
+        one call; this call's own (``imp.khat``) where the fit has none."""
+        khat = float(np.asarray(self.result.khat))
+        return khat if math.isfinite(khat) else float(np.asarray(imp.khat))
 
     def _draws(self, key: jax.Array, n: int, psis: bool | None) -> jax.Array:
         """:meth:`sample`'s draws of ``x``: resampled, or ``q``'s own."""
         if psis is False:
             return self.result.q.sample(key, (n,))
         imp = self.importance(key, n)
-        if np.asarray(imp.khat) <= KHAT_RESAMPLE_LIMIT:
+        khat = self._deciding_khat(imp)
+        if khat <= KHAT_RESAMPLE_LIMIT:
             return imp.x
         if psis is None:
             return self.result.q.sample(key, (n,))
         warnings.warn(
             f"NumPyroResult.sample: the importance weights' Pareto k-hat is "
-            f"{float(imp.khat):.2f} (above 1): the weights have no mean and the "
+            f"{khat:.2f} (above 1): the weights have no mean and the "
             "resampled draws do not converge; psis=None gives q's own draws instead.",
             RuntimeWarning,
             stacklevel=3,
