@@ -385,7 +385,7 @@ def _fit(
         r_squared_stderr=diag.r_squared_stderr,
         reachable_variance=diag.reachable_variance,
         khat=diag.khat,
-        khat_sd=diag.khat_sd,
+        khat_sd=jnp.full((), jnp.nan, dtype),
         status=status,
         first_improper_step=rec.first_improper_step,
         last_improper_step=rec.last_improper_step,

@@ -53,8 +53,12 @@ class Result(NamedTuple):
         materially off, ``residual_variance`` at least
         :data:`jaxvb.core.status.KHAT_FLAG_VARIANCE`; below that variance a k-hat
         over 0.7 is the noisy tail of an otherwise close fit and does not flag it.
-      khat_sd: the Monte Carlo standard deviation of ``khat`` (a bootstrap over the
-        same draws, :func:`jaxvb.diagnostics.khat_sd`); NaN where not computed.
+      khat_sd: the Monte Carlo standard deviation of ``khat``
+        (:func:`jaxvb.diagnostics.khat_sd`, a bootstrap of the same weights) where
+        ``khat`` comes from importance weights computed after the fit
+        (:func:`jaxvb.numpyro.fit`'s verdict); NaN for a plain fit, whose
+        diagnostics leave it out of the compiled fit (it would add a tenth to a small
+        fit's compile and its run).
       status: ``int32`` bit flags, see :class:`Status`; ``0`` when all went well.
       first_improper_step, last_improper_step: the first and last steps whose update
         was improper (``-1`` if none).

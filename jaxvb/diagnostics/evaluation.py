@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jaxvb.core.status import KHAT_FLAG_VARIANCE, KHAT_THRESHOLD
 from jaxvb.diagnostics._draws import as_pairs, is_paired, log_densities
 from jaxvb.diagnostics.evidence import mixture_evidence
-from jaxvb.diagnostics.pareto import khat_sd, psis
+from jaxvb.diagnostics.pareto import psis
 from jaxvb.families._base import ExponentialFamily
 from jaxvb.families.mixture import GaussianMixture
 
@@ -86,8 +86,6 @@ class Diagnostics(NamedTuple):
         (:data:`jaxvb.core.status.START_EXCESS`). NaN without a start.
       start_excess_stderr: the standard error of ``log Z_q`` (delta method over
         ``q``'s draws): the noise ``start_excess`` is judged against.
-      khat_sd: the Monte Carlo standard deviation of ``khat`` (:func:`khat_sd`, a
-        bootstrap over the draws): how far another set of draws would move it.
 
     Example:
       ``q = N(0, 1)`` against the normalised ``p = N(0, 2)``: the ELBO is ``-KL(q || p)
@@ -121,7 +119,6 @@ class Diagnostics(NamedTuple):
     excess_stderr: jax.Array
     start_excess: jax.Array = jnp.nan
     start_excess_stderr: jax.Array = jnp.nan
-    khat_sd: jax.Array = jnp.nan
 
 
 def evaluate(
@@ -181,8 +178,6 @@ def evaluate(
     paired = is_paired(q, start)
     out = _measures(log_p, log_q, stats, ok, n, num_draws, paired, q.dtype)
     known = _if_known(n, q.dtype)
-    spread = khat_sd(jax.random.fold_in(key, 3), jnp.where(ok, log_p - log_q, -jnp.inf))
-    out = out._replace(khat_sd=known(spread))
     if start is not None:
         excess, excess_se = _start_excess(log_p, log_q, log_s, log_p0, log_q0, log_s0, ok)
         out = out._replace(start_excess=known(excess), start_excess_stderr=known(excess_se))

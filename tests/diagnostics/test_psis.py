@@ -54,12 +54,13 @@ def test_corrected_expectation_recovers_the_target_mean():
 
 
 @pytest.mark.slow
-def test_every_fit_reports_khat_and_its_spread():
+def test_every_fit_reports_khat_and_explain_reads_the_flag_only():
     """A Gaussian fitted to a Student-t with 2 degrees of freedom ends with R^2 0.89
     and s^2 0.07 (an approximate KL of 0.035 nats), but the ratios p/q have a heavy
-    tail: k-hat above 0.7 with a Monte Carlo sd of a few tenths at 1000 draws. The fit
-    is close, so no flag (HIGH_KHAT needs s^2 >= 0.5 as well), and explain tells it
-    "ok", unqualified. An exact fit's k-hat does not move between draws."""
+    tail: k-hat above 0.7. The fit is close, so no flag (HIGH_KHAT needs s^2 >= 0.5 as
+    well), and explain tells it "ok", unqualified. A plain fit leaves k-hat's spread
+    out of its compiled program (NaN); importance weights computed after the fit
+    carry it (test_numpyro_importance)."""
 
     def student_t2(x):
         return -1.5 * jnp.sum(jnp.log1p(x**2 / 2.0))
@@ -67,7 +68,7 @@ def test_every_fit_reports_khat_and_its_spread():
     q0 = jaxvb.Gaussian(jnp.zeros(1), jnp.eye(1))
     res = jaxvb.fit(student_t2, q0, jax.random.key(0), num_steps=200)
     assert int(res.status) == 0 and float(res.khat) > 0.7
-    assert 0.02 < float(res.khat_sd) < 0.5
+    assert np.isnan(float(res.khat_sd))
     assert float(res.residual_variance) < 0.5
     assert jaxvb.explain(res) == "ok"
 

@@ -47,6 +47,8 @@ def test_resampled_draws_match_the_exact_posterior(rate_fit):
     imp = rate_fit.importance(jax.random.key(1), n)
     assert imp.num_proposals == 32000 and imp.reliable
     assert float(imp.ess) > 0.5 * 32000
+    # the verdict's k-hat comes with its Monte Carlo spread (a bootstrap of the weights)
+    assert 0.0 < float(imp.khat_sd) < 0.5 and 0.0 < float(rate_fit.khat_sd) < 0.5
     rate = np.asarray(rate_fit.sample(jax.random.key(1), n)["rate"])
     mean, sd = 4.0 / 3.0, 2.0 / 3.0
     assert abs(rate.mean() - mean) < 4 * sd / np.sqrt(n)
