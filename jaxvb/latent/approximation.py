@@ -417,12 +417,15 @@ def _importance_resample(q, key, n, num_theta, num_f, widen):
         z = _random.normal(k_z, (num_field, num_f), q.dtype)
         f = (mu[:, None] + ops.back(chol, after(z, mu))).T  # (num_f, N), in turn
         log_q_f = 0.5 * (ops.logdet(chol) - num_field * _LOG_2PI) - 0.5 * jnp.sum(z * z, 0)
-        # the prior after q(f | theta)'s factor: a prior built from a covariance
-        # factors it (a NumPyro MultivariateNormal), and two batched factorisations
-        # scheduled at once can hang XLA:CPU (jaxvb._platform: ordered_factorisations)
-        m, precision, log_norm = model.prior_of_field(after(th, chol))
+        # the prior after q(f | theta)'s fields, whose factor and triangular solves
+        # are batched LAPACK kernels: a prior built from a covariance factors it (a
+        # NumPyro MultivariateNormal), a precision's log-determinant factors it, and
+        # two batched kernels scheduled at once can hang XLA:CPU (jaxvb._platform:
+        # ordered_factorisations; the solves for q's mean beside the prior's factor
+        # hung a 30-value dense field)
+        m, precision, log_norm = model.prior_of_field(after(th, f))
         prior_ops = _field.ops(precision)
-        precision = after(precision, chol)  # factored after q(f | theta)
+        precision = after(precision, f)  # factored after q(f | theta)'s draws
         log_norm = _prior_log_norm(prior_ops, precision, log_norm, num_field)
         n_sites = model.num_sites(precision, num_field)
         d = (f - m).T  # (N, num_f)
@@ -433,10 +436,18 @@ def _importance_resample(q, key, n, num_theta, num_f, widen):
         ratio = jnp.where(jnp.isnan(ratio), -jnp.inf, ratio)
         return ratio, f[jax.random.categorical(k_j, ratio)]
 
-    chunk = max(1, min(num_theta, _IMPORTANCE_HELD // (num_f * num_field)))
-    ratios, picked = jax.lax.map(
-        lambda a: at(*a), (theta, jax.random.split(k_f, num_theta)), batch_size=chunk
-    )
+    # equal chunks (as the diagnostics' draws are evaluated): lax.map would compute
+    # the rows past its last whole chunk as a second vmapped batch, which XLA:CPU can
+    # run beside the scan's, two batched factorisations at once (jaxvb._platform:
+    # ordered_factorisations). The padding repeats the first rows, whose extra
+    # results are dropped.
+    most = max(1, min(num_theta, _IMPORTANCE_HELD // (num_f * num_field)))
+    num_chunks = -(-num_theta // most)
+    chunk = -(-num_theta // num_chunks)
+    rows = jnp.arange(num_chunks * chunk) % num_theta
+    inputs = (theta[rows], jax.random.split(k_f, num_theta)[rows])
+    ratios, picked = jax.lax.map(lambda a: at(*a), inputs, batch_size=chunk)
+    ratios, picked = ratios[:num_theta], picked[:num_theta]
     ratios = ratios - log_proposal[:, None]
     log_w = jax.nn.logsumexp(ratios, axis=1) - math.log(num_f)
     smoothed = psis(log_w)

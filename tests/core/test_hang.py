@@ -146,6 +146,49 @@ def test_gaussian_process_fits_at_once_all_return():
     assert all(o.startswith("status ") for o in outcomes), outcomes
 
 
+def _importance_in_chunks() -> float:
+    """The reproducer of ``importance_resample``'s chunks, as ``python
+    tests/core/test_hang.py importance`` runs it: a 30-value dense field, 2000
+    hyperparameter draws of 128 fields each, which the evaluation splits into chunks
+    (lax.map's remainder batch beside its scan hung here, two batched factorisations
+    at once)."""
+    import jaxvb
+
+    n = 30
+    x = jnp.linspace(0.0, 1.0, n)
+    kernel = jnp.exp(-0.5 * (x[:, None] - x[None]) ** 2 / 0.3**2) + 1e-4 * jnp.eye(n)
+    precision = jnp.linalg.inv(kernel)
+    y = (jnp.sin(6.0 * x) > 0).astype(float)
+    model = jaxvb.LatentGaussian(
+        log_prior=lambda th: -0.5 * jnp.sum(th**2),
+        prior=lambda th: (jnp.zeros(n), jnp.exp(-2.0 * th[0]) * precision),
+        log_lik=lambda f, y: y * f - jnp.logaddexp(0.0, f),
+        data=y,
+    )
+    res = jaxvb.fit(model, jnp.zeros(1), jax.random.key(0), num_steps=100)
+    out = res.q.importance_resample(jax.random.key(1), 500, num_f=128, warn=False)
+    return float(out.khat)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_importance_resample_in_chunks_returns():
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = env_with_xla_schedule(PYTHONPATH=os.pathsep.join([str(root), *sys.path]))
+    proc = subprocess.run(
+        [sys.executable, __file__, "importance"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("khat "), proc.stderr[-2000:]
+
+
 if __name__ == "__main__":
     jax.config.update("jax_enable_x64", True)
-    print(f"status {_gp_fit(int(sys.argv[1]))}", flush=True)
+    if sys.argv[1] == "importance":
+        print(f"khat {_importance_in_chunks()}", flush=True)
+    else:
+        print(f"status {_gp_fit(int(sys.argv[1]))}", flush=True)
