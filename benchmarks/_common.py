@@ -425,6 +425,16 @@ def read_result(name: str, directory: Path = RESULTS) -> dict:
     return json.loads((Path(directory) / f"{name}.json").read_text())
 
 
+def stored_rows(directory: Path, name: str, subset, key: str = "models") -> dict:
+    """The rows ``directory/name.json`` holds under ``key`` where ``subset`` (``--only``)
+    asks for part of a benchmark, which then updates those rows and keeps the rest;
+    ``{}`` for a whole run or where nothing is stored yet."""
+    path = Path(directory) / f"{name}.json"
+    if not subset or not path.exists():
+        return {}
+    return json.loads(path.read_text()).get(key, {})
+
+
 def _short(value):
     if isinstance(value, dict):
         return {k: _short(v) for k, v in value.items()}

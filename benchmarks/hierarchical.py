@@ -718,9 +718,7 @@ def main(argv=None):
         environment=common.environment(),
         models={},
     )
-    previous = out / f"{NAME}.json"
-    if args.only and previous.exists():  # a subset updates the stored rows
-        report["models"] = json.loads(previous.read_text()).get("models", {})
+    report["models"] = common.stored_rows(out, NAME, args.only)
     for name in names:
         print(f"{name} ...", flush=True)
         task = dict(name=name, seed=args.seed, num_draws=settings["num_draws"])

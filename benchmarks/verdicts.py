@@ -468,9 +468,7 @@ def main(argv=None):
         environment=common.environment(),
         models={},
     )
-    previous = out / f"{NAME}.json"
-    if args.only and previous.exists():  # a subset updates the stored rows
-        report["models"] = json.loads(previous.read_text()).get("models", {})
+    report["models"] = common.stored_rows(out, NAME, args.only)
     t_all = time.perf_counter()
     for name in names:
         print(f"{name} ...", flush=True)
