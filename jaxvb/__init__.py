@@ -33,6 +33,7 @@ from jaxvb.families import (
 )
 from jaxvb.interop.arviz import to_arviz
 from jaxvb.interop.io import load, save
+from jaxvb.many import ManySummary, fit_many, load_many
 from jaxvb.latent import LatentGaussian
 from jaxvb.structure import Factors, Minibatch
 
@@ -50,6 +51,7 @@ __all__ = [
     "InverseGamma",
     "LaplaceInfo",
     "LatentGaussian",
+    "ManySummary",
     "Minibatch",
     "Progress",
     "ProgressInfo",
@@ -63,11 +65,13 @@ __all__ = [
     "families",
     "fit",
     "fit_batched",
+    "fit_many",
     "init_mixture",
     "io",
     "kernel",
     "laplace",
     "load",
+    "load_many",
     "methods",
     "save",
     "summary",

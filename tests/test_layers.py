@@ -26,6 +26,8 @@ LAYERS = [
     ("jaxvb.core",),
     ("jaxvb.latent",),
     ("jaxvb.interop", "jaxvb.batch"),
+    # streamed, resumable stores of many fits: fit_batched's chunks, io's families
+    ("jaxvb.many",),
     # the public paths of modules that live elsewhere
     ("jaxvb.kernel", "jaxvb.numpyro", "jaxvb.io", "jaxvb.composite"),
     ("jaxvb",),
