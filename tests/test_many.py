@@ -319,3 +319,23 @@ def test_processes_share_the_chunks_and_write_one_process_store(reference, tmp_p
               for r in range(count)]  # fmt: skip
     assert reports == [[r, count, fitted[r]] for r in range(count)]
     assert files(store) == files(reference[0])
+
+
+@pytest.mark.integration
+def test_the_benchmark_runs_quick(tmp_path):
+    """``benchmarks/many_fits.py --quick``: streamed runs, processes and the overhead."""
+    script = ROOT / "benchmarks" / "many_fits.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "many_fits.json").read_text())
+    streamed = report["streamed"]
+    assert [r["num_datasets"] for r in streamed] == [400, 1200]
+    assert all(r["ok_fraction"] > 0.95 and r["peak_rss_mb"] > 0 for r in streamed)
+    assert [r["fitted_by_process"] for r in report["processes"]] == [[800], [400, 400]]
+    assert report["overhead"]["max_abs_difference_of_q"] < 1e-10
+    assert (tmp_path / "many_fits.png").stat().st_size > 0
