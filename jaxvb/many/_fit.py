@@ -32,7 +32,7 @@ from jaxvb.many._store import (
     describe,
     leaf_name,
     summary_of,
-    wait_for_spec,
+    wait_for_header,
     write_chunk,
 )
 
@@ -218,34 +218,29 @@ def _fit_chunk(fit_one, key, data, rows: range, chunk_size, batch_size) -> dict:
 
 
 class _Progress:
+    """A line on standard error: data sets done, per second, and the time left."""
+
     def __init__(self, total: int, done: int, show: bool):
         self.total, self.done, self.show = total, done, show
         self.start, self.fitted, self.flagged, self.shown = time.monotonic(), 0, 0, 0.0
 
     def update(self, n: int, flagged: int, last: bool) -> None:
-        self.done, self.fitted, self.flagged = (
-            self.done + n,
-            self.fitted + n,
-            self.flagged + flagged,
-        )
+        self.done += n
+        self.fitted += n
+        self.flagged += flagged
         now = time.monotonic()
         if not self.show or (now - self.shown < 1.0 and not last):
             return
-        self.shown = now
+        self.shown, tty = now, sys.stderr.isatty()
         rate = self.fitted / max(now - self.start, 1e-9)
-        left = (self.total - self.done) / rate if rate else float("inf")
         line = (
             f"jaxvb.fit_many: {self.done}/{self.total} data sets "
-            f"({100 * self.done / self.total:.0f}%), {rate:.4g}/s, {left:.0f} s left"
+            f"({100 * self.done / self.total:.0f}%), {rate:.4g}/s, "
+            f"{(self.total - self.done) / rate:.0f} s left"
         )
         line += f", {self.flagged} flagged" if self.flagged else ""
-        end = "\n" if last or not sys.stderr.isatty() else ""
-        print(
-            ("\r" if sys.stderr.isatty() else "") + line,
-            end=end,
-            file=sys.stderr,
-            flush=True,
-        )
+        end = "\n" if last or not tty else ""
+        print(("\r" if tty else "") + line, end=end, file=sys.stderr, flush=True)
 
 
 def fit_many(
@@ -332,7 +327,7 @@ def fit_many(
     if src.arrays is not None:
         spec = _spec(src.arrays)
     elif (store / HEADER).exists() or rank != 0 or not todo:
-        spec = wait_for_spec(store)
+        spec = [(d["shape"], d["dtype"]) for d in wait_for_header(store)["data"]]
     else:  # a new store: process 0's first chunk gives the data's shapes
         first = (todo[0], _load_chunk(src, todo[0], store, None))
         spec = _spec(first[1])
@@ -342,8 +337,8 @@ def fit_many(
     for i in mine:  # temporary files of chunks this process owns: left by a killed run
         for tmp in store.glob(f".{chunk_path(store, i).name}.*.tmp"):
             tmp.unlink(missing_ok=True)
-    bar = _Progress(sum(len(src.rows(i)) for i in mine), 0, progress)
-    bar.done = bar.total - sum(len(src.rows(i)) for i in todo)
+    total = sum(len(src.rows(i)) for i in mine)
+    bar = _Progress(total, total - sum(len(src.rows(i)) for i in todo), progress)
     for n, i in enumerate(todo):
         data = first[1] if first and first[0] == i else _load_chunk(src, i, store, spec)
         arrays = _fit_chunk(fit_one, key, data, src.rows(i), src.chunk_size, batch_size)

@@ -72,6 +72,16 @@ class ManySummary(NamedTuple):
       counts: data sets in the store by status (``"OK"``, or the flags' names joined by
         ``|``); ``{}`` where the results have no ``status``.
       seconds: this call's time.
+
+    Example:
+      >>> import jaxvb
+      >>> summary = jaxvb.ManySummary("store", num_datasets=10, num_stored=4,
+      ...                             num_fitted=4, counts={"OK": 3, "HIGH_KHAT": 1},
+      ...                             seconds=2.0)
+      >>> summary.complete
+      False
+      >>> print(summary)
+      jaxvb.fit_many: store incomplete, 4/10 data sets stored (HIGH_KHAT 1, OK 3); 4 fitted in 2.0 s
     """
 
     store: str
@@ -200,24 +210,23 @@ def _check_header(store: Path, stored: dict, wanted: dict) -> None:
 
 
 def agree_on_header(store: Path, wanted: dict, rank: int) -> None:
-    path = store / HEADER
-    if rank == 0 and not path.exists():
-        _atomic_write(path, lambda f: f.write(json.dumps(wanted, indent=1).encode()))
-    deadline = time.monotonic() + HEADER_WAIT_S
-    while not path.exists():  # the other processes wait for process 0's header
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"fit_many: process 0 wrote no {path} in {HEADER_WAIT_S} s")
-        time.sleep(0.05)
-    _check_header(store, _read_header(store), wanted)
+    """Process 0 writes the header of a new store; every process checks it is theirs."""
+    if rank == 0 and not (store / HEADER).exists():
+        text = json.dumps(wanted, indent=1).encode()
+        _atomic_write(store / HEADER, lambda f: f.write(text))
+    _check_header(store, wait_for_header(store), wanted)
 
 
-def wait_for_spec(store: Path) -> list:
+def wait_for_header(store: Path) -> dict:
+    """The store's header, once process 0 has written it."""
     deadline = time.monotonic() + HEADER_WAIT_S
     while not (store / HEADER).exists():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"fit_many: process 0 wrote no {store / HEADER}")
+            raise TimeoutError(
+                f"fit_many: process 0 wrote no {store / HEADER} in {HEADER_WAIT_S:.0f} s"
+            )
         time.sleep(0.05)
-    return [(d["shape"], d["dtype"]) for d in _read_header(store)["data"]]
+    return _read_header(store)
 
 
 # --- the chunk files --------------------------------------------------------------------
