@@ -7,6 +7,7 @@ marked ``integration``. The children run ``MODEL``'s source, so their ``fit_one`
 the same jaxpr (the store's fingerprint) as this process's.
 """
 
+import collections
 import errno
 import json
 import os
@@ -210,6 +211,15 @@ def test_any_pytree_of_arrays(tmp_path):
     keys = jax.vmap(jax.random.fold_in, (None, 0))(KEY, jnp.arange(5, dtype=jnp.uint32))
     assert out["x"].shape == (5, 2) and out["pair"][1].tolist() == [1] * 5
     np.testing.assert_array_equal(out["x"], jax.vmap(draw)(keys, xs)["x"])
+    # A pytree type of the user's own is read back with like=.
+    Pair = collections.namedtuple("Pair", "a b")
+    store = tmp_path / "pairs"
+    jaxvb.fit_many(lambda k, x: Pair(x, 2 * x), (xs,), store=store, chunk_size=2, key=KEY,
+                   progress=False)  # fmt: skip
+    with pytest.raises(ValueError, match="pass like="):
+        jaxvb.load_many(store)
+    pairs = jaxvb.load_many(store, like=Pair(xs[0], xs[0]))
+    assert isinstance(pairs, Pair) and pairs.b.tolist() == (2 * xs).tolist()
 
 
 def test_the_fits_do_not_depend_on_the_chunking(reference, tmp_path):
