@@ -307,7 +307,8 @@ def plot(report: dict, path):
         if "rss_samples" in row:
             t, m = np.asarray(row["rss_samples"]).T
             ax.plot(t / max(t[-1], 1e-9), m, label=f"{row['num_datasets']:,} data sets")
-    ax.set(xlabel="fraction of the run", ylabel="resident memory (MB)",
+    ax.set(xlabel="fraction of the worker's time (compile, then fit_many)",
+           ylabel="resident memory (MB)",
            title="fit_many: memory through a run")  # fmt: skip
     ax.set_ylim(bottom=0)
     ax.legend()
@@ -318,7 +319,7 @@ def plot(report: dict, path):
     if "fit_batched_s" in over:
         rate = over["num_datasets"] / over["fit_batched_s"]
         ax.axhline(rate, color="k", ls="--", label="in-memory fit_batched, 1 process")
-        ax.legend()
+        ax.legend(loc="lower right")
     ax.set(xlabel="processes", ylabel="data sets per second",
            title=f"{report['environment']['cpu_count']} CPU cores")  # fmt: skip
     common.save(fig, path)
