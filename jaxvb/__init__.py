@@ -33,8 +33,8 @@ from jaxvb.families import (
 )
 from jaxvb.interop.arviz import to_arviz
 from jaxvb.interop.io import load, save
-from jaxvb.many import ManySummary, fit_many, load_many
 from jaxvb.latent import LatentGaussian
+from jaxvb.many import ManySummary, fit_many, load_many
 from jaxvb.structure import Factors, Minibatch
 
 __all__ = [
