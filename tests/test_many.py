@@ -11,6 +11,7 @@ import collections
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -109,7 +110,7 @@ def test_the_store_is_plain_numpy_and_json(reference):
 
 
 def test_resume_fits_what_is_missing_and_equals_the_uninterrupted_store(
-    reference, tmp_path
+    reference, tmp_path, capsys
 ):
     store = tmp_path / "store"
     shutil.copytree(reference[0], store)
@@ -120,10 +121,15 @@ def test_resume_fits_what_is_missing_and_equals_the_uninterrupted_store(
     part, index = jaxvb.load_many(store, partial=True)
     assert index.tolist() == [0, 1, 2, 6] and part.q.mean.shape == (4, 2)
     summary = jaxvb.fit_many(
-        fit_one, (centers, scales), store=store, chunk_size=CHUNK, key=KEY, progress=False
+        fit_one, (centers, scales), store=store, chunk_size=CHUNK, key=KEY
     )
     assert summary.num_fitted == 3 and summary.complete  # only chunk 1's data sets
     assert files(store) == files(reference[0])  # bit for bit, the temporary file gone
+    # The progress line (data sets per second, time left) and the summary, printed.
+    lines = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"jaxvb.fit_many: 7/7 data sets \(100%\), [0-9.e+]+/s, 0 s left, 1 flagged",
+                        lines[-2]), lines  # fmt: skip
+    assert lines[-1] == str(summary) and "7/7 data sets stored" in lines[-1]
 
 
 def test_a_store_of_other_settings_or_another_model_is_refused(reference, tmp_path):

@@ -218,21 +218,28 @@ def _fit_chunk(fit_one, key, data, rows: range, chunk_size, batch_size) -> dict:
 
 
 class _Progress:
-    """A line on standard error: data sets done, per second, and the time left."""
+    """A line on standard error: data sets done, per second, and the time left.
+
+    The rate counts the chunks after the first, whose time includes the compilation.
+    """
 
     def __init__(self, total: int, done: int, show: bool):
         self.total, self.done, self.show = total, done, show
-        self.start, self.fitted, self.flagged, self.shown = time.monotonic(), 0, 0, 0.0
+        self.fitted, self.flagged, self.shown = 0, 0, 0.0
+        self.start, self.first = time.monotonic(), None  # (time, data sets) after chunk 1
 
     def update(self, n: int, flagged: int, last: bool) -> None:
         self.done += n
         self.fitted += n
         self.flagged += flagged
         now = time.monotonic()
+        if self.first is None:
+            self.first = (now, self.fitted)
         if not self.show or (now - self.shown < 1.0 and not last):
             return
         self.shown, tty = now, sys.stderr.isatty()
-        rate = self.fitted / max(now - self.start, 1e-9)
+        since, before = self.first if self.fitted > self.first[1] else (self.start, 0)
+        rate = (self.fitted - before) / max(now - since, 1e-9)
         line = (
             f"jaxvb.fit_many: {self.done}/{self.total} data sets "
             f"({100 * self.done / self.total:.0f}%), {rate:.4g}/s, "
