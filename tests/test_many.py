@@ -125,6 +125,9 @@ def test_resume_fits_what_is_missing_and_equals_the_uninterrupted_store(
     )
     assert summary.num_fitted == 3 and summary.complete  # only chunk 1's data sets
     assert files(store) == files(reference[0])  # bit for bit, the temporary file gone
+    (store / "chunk-000002.npz").write_bytes(b"damaged")
+    with pytest.raises(ValueError, match="chunk-000002.npz cannot be read"):
+        jaxvb.load_many(store)
     # The progress line (data sets per second, time left) and the summary, printed.
     lines = capsys.readouterr().err.splitlines()
     assert re.fullmatch(r"jaxvb.fit_many: 7/7 data sets \(100%\), [0-9.e+]+/s, 0 s left, 1 flagged",

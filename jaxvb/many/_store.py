@@ -312,6 +312,24 @@ def _ranges(ids: list[int]) -> str:
     return ", ".join(parts)
 
 
+def _read_chunk(store: Path, i: int, names: list, settings: dict) -> dict:
+    path, size = chunk_path(store, i), settings["chunk_size"]
+    try:
+        with np.load(path, allow_pickle=False) as chunk:
+            columns = {n: chunk[n] for n in names}
+    except Exception as e:  # a damaged file (the disk, or a copy): name it
+        raise ValueError(
+            f"jaxvb.load_many: {path} cannot be read ({type(e).__name__}: {e}); delete it "
+            "and call fit_many again to fit that chunk anew"
+        ) from None
+    rows = range(i * size, min((i + 1) * size, settings["num_datasets"]))
+    if columns["index"].tolist() != list(rows):
+        raise ValueError(
+            f"jaxvb.load_many: {path} does not hold the data sets of chunk {i}"
+        )
+    return columns
+
+
 def load_many(store: str | os.PathLike, *, partial: bool = False, like: Any = None):
     """Reads a :func:`fit_many` store back as one pytree over all its data sets.
 
@@ -353,9 +371,8 @@ def load_many(store: str | os.PathLike, *, partial: bool = False, like: Any = No
     names = ["index", *header["leaves"]]
     columns: dict[str, list] = {n: [] for n in names}
     for i in present:
-        with np.load(chunk_path(store, i), allow_pickle=False) as chunk:
-            for n in names:
-                columns[n].append(chunk[n])
+        for n, column in _read_chunk(store, i, names, settings).items():
+            columns[n].append(column)
     arrays = {}
     for n in names:
         spec = header.get("leaves", {}).get(n)
