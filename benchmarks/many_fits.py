@@ -58,8 +58,8 @@ QUICK = dict(
     timeout_s=900,
 )
 NOTES = [
-    "Algorithm 2 with NUM_STEPS steps and NUM_EVAL_DRAWS diagnostics draws per fit, so "
-    "that 10^6 fits run in minutes on 2 CPU cores; 'ok_fraction' is the share of fits "
+    f"Algorithm 2 with {NUM_STEPS} steps and {NUM_EVAL_DRAWS} diagnostics draws per "
+    "fit, so that 10^6 fits run in minutes on 2 CPU cores; 'ok_fraction' is the share of fits "
     "with status 0.",
     "Each streamed size runs in a fresh process, which compiles the chunk program first "
     "('compile_s'); 'seconds' and 'datasets_per_s' are fit_many's, after compile.",
