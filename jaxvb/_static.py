@@ -56,6 +56,30 @@ class Static:
 _ARRAY = object()  # where a traced leaf goes
 
 
+class _Identity:
+    """An unhashable static leaf (a dataclass instance with ``__eq__``, say), hashed
+    and compared by identity, as a plain function is: one program per object."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __hash__(self):
+        return id(self.value)
+
+    def __eq__(self, other):
+        return isinstance(other, _Identity) and other.value is self.value
+
+
+def _hashable(leaf: Any) -> Any:
+    try:
+        hash(leaf)
+    except TypeError:
+        return _Identity(leaf)
+    return leaf
+
+
 def partition(log_joint: Callable, abstract: bool = False) -> tuple[list[Any], Static]:
     """``(arrays, static)``: the array leaves of ``log_joint`` and the rest of it
     (``abstract``: ``jax.ShapeDtypeStruct`` leaves, as ``jax.eval_shape`` returns a
@@ -66,14 +90,17 @@ def partition(log_joint: Callable, abstract: bool = False) -> tuple[list[Any], S
         return _is_array(leaf) or (abstract and isinstance(leaf, jax.ShapeDtypeStruct))
 
     arrays = [leaf for leaf in leaves if is_array(leaf)]
-    rest = tuple(_ARRAY if is_array(leaf) else leaf for leaf in leaves)
+    rest = tuple(_ARRAY if is_array(leaf) else _hashable(leaf) for leaf in leaves)
     return arrays, Static(treedef, rest)
 
 
 def combine(arrays: list[Any], static: Static) -> Callable:
     """The log joint that :func:`partition` split into ``arrays`` and ``static``."""
     it = iter(arrays)
-    leaves = [next(it) if leaf is _ARRAY else leaf for leaf in static.leaves]
+    leaves = [
+        next(it) if leaf is _ARRAY else leaf.value if isinstance(leaf, _Identity) else leaf
+        for leaf in static.leaves
+    ]
     return jax.tree_util.tree_unflatten(static.treedef, leaves)
 
 

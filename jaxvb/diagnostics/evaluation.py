@@ -26,6 +26,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxvb import _static
+from jaxvb._platform import jit_fast, outside_traces
 from jaxvb.core.status import KHAT_FLAG_VARIANCE, KHAT_THRESHOLD
 from jaxvb.diagnostics._draws import as_pairs, is_paired, log_densities
 from jaxvb.diagnostics.evidence import mixture_evidence
@@ -167,6 +169,30 @@ def evaluate(
         raise ValueError(f"num_draws must be at least 2, got {num_draws}")
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    if outside_traces():
+        # Called on its own: one compiled program (a few hundred operations dispatched
+        # one by one would each compile a program of their own, several times the
+        # time). Inside a trace (``fit``'s), it is part of the caller's program.
+        arrays, static = _static.partition(log_joint)
+        return _evaluate_compiled(
+            arrays,
+            key,
+            q,
+            start,
+            log_joint=static,
+            num_draws=int(num_draws),
+            chunk_size=chunk_size,
+        )
+    return _evaluate(key, q, log_joint, num_draws, chunk_size, start)
+
+
+@jit_fast(static_argnames=("log_joint", "num_draws", "chunk_size"))
+def _evaluate_compiled(arrays, key, q, start, *, log_joint, num_draws, chunk_size):
+    log_joint = _static.combine(arrays, log_joint)
+    return _evaluate(key, q, log_joint, num_draws, chunk_size, start)
+
+
+def _evaluate(key, q, log_joint, num_draws: int, chunk_size: int, start) -> Diagnostics:
     reach = _reachable(q, num_draws)
     dens = log_densities(key, q, log_joint, num_draws, chunk_size, stats=reach, start=start)
     if start is not None:

@@ -262,6 +262,31 @@ def test_static_part_compares_by_value():
     assert _static.partition(_gaussian_target)[0] == []
 
 
+@dataclasses.dataclass
+class _Target:  # a dataclass with __eq__ and no __hash__: unhashable
+    centre: float
+
+    def __call__(self, x):
+        return -0.5 * jnp.sum((x - self.centre) ** 2)
+
+
+def test_an_unhashable_log_joint_is_compiled_as_a_function_is():
+    """A callable object that is not hashable is static by identity, as a function
+    is: ``fit`` and a ``diagnostics.evaluate`` called on its own both take it."""
+    from jaxvb import _static
+
+    target = _Target(1.0)
+    arrays, static = _static.partition(target)
+    assert arrays == [] and static == _static.partition(target)[1]
+    assert static != _static.partition(_Target(1.0))[1] and hash(static)
+    assert _static.combine(arrays, static) is target
+    q0 = jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2))
+    res = jaxvb.fit(target, q0, jax.random.key(0), num_steps=20, num_eval_draws=20)
+    np.testing.assert_allclose(res.q.mean, [1.0, 1.0], rtol=1e-12)
+    d = jaxvb.diagnostics.evaluate(jax.random.key(1), res.q, target, 20)
+    assert abs(float(d.kl)) < 1e-12
+
+
 def test_family_protocol_is_a_dataclass_pytree():
     q = jaxvb.GaussianMixture.around(jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2)), 2)
     assert [f.name for f in dataclasses.fields(q)] == ["weights", "means", "covs"]

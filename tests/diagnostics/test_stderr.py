@@ -40,3 +40,25 @@ def test_standard_errors_of_an_exact_fit_are_zero_and_reach_the_result():
     res = jaxvb.fit(lambda x: -0.5 * jnp.sum(x**2), q, KEY, num_steps=20)
     assert float(res.kl_stderr) < 1e-12 and float(res.log_evidence_stderr) < 1e-12
     assert float(res.r_squared_stderr) < 1e-12
+
+
+def test_evaluate_on_its_own_is_one_program_and_equals_it_under_jit():
+    """Called outside a trace, ``evaluate`` compiles once (a new data set of a pytree
+    log joint reuses the program) and gives what the same call gives under ``jit``."""
+    from jaxvb.diagnostics import evaluation
+
+    q = jaxvb.Gaussian(jnp.zeros(2), jnp.eye(2))
+
+    def log_p(x, centre):
+        return -0.5 * jnp.sum((x - centre) ** 2)
+
+    def target(centre):
+        return jax.tree_util.Partial(log_p, centre=centre)
+
+    first = jaxvb.diagnostics.evaluate(KEY, q, target(jnp.ones(2)), 200)
+    size = evaluation._evaluate_compiled._cache_size()
+    jaxvb.diagnostics.evaluate(KEY, q, target(jnp.zeros(2)), 200)
+    assert evaluation._evaluate_compiled._cache_size() == size
+    traced = jax.jit(lambda c: jaxvb.diagnostics.evaluate(KEY, q, target(c), 200))
+    for name, value in traced(jnp.ones(2))._asdict().items():
+        np.testing.assert_allclose(getattr(first, name), value, rtol=1e-12, err_msg=name)
