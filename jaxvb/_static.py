@@ -94,6 +94,16 @@ def partition(log_joint: Callable, abstract: bool = False) -> tuple[list[Any], S
     return arrays, Static(treedef, rest)
 
 
+def hashable(static: Static) -> bool:
+    """Whether ``static`` can key a compiled program (a pytree's auxiliary data may
+    not be hashable)."""
+    try:
+        hash(static)
+    except TypeError:
+        return False
+    return True
+
+
 def combine(arrays: list[Any], static: Static) -> Callable:
     """The log joint that :func:`partition` split into ``arrays`` and ``static``."""
     it = iter(arrays)

@@ -23,6 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxvb import _static
+from jaxvb._platform import jit_fast, outside_traces
+
 Array = jax.Array
 
 
@@ -225,6 +228,17 @@ class Family(abc.ABC):
 
     def sample(self, key: Array, sample_shape: tuple[int, ...] = ()) -> Array:
         """Draws of shape ``sample_shape + event_shape``; reparameterised where JAX can."""
+        sample_shape = tuple(sample_shape)
+        if outside_traces():
+            # Called on its own: one compiled program per family structure and shape
+            # (its operations dispatched one by one would each compile a program of
+            # their own); inside a trace, part of the caller's program.
+            arrays, static = _static.partition((self, key))
+            if _static.hashable(static):
+                return _sample_compiled(arrays, static=static, sample_shape=sample_shape)
+        return self._sample(key, sample_shape)
+
+    def _sample(self, key: Array, sample_shape: tuple[int, ...]) -> Array:
         n = math.prod(sample_shape)
         if sample_shape == ():
             return self.from_noise(self.noise(key))
@@ -473,3 +487,9 @@ def positive(x: jax.Array) -> jax.Array:
     ``T(x)`` and ``log p`` are both evaluated at the moved point."""
     info = jnp.finfo(x.dtype)
     return jnp.clip(x, info.tiny, info.max)
+
+
+@jit_fast(static_argnames=("static", "sample_shape"))
+def _sample_compiled(arrays, *, static, sample_shape):
+    q, key = _static.combine(arrays, static)
+    return q._sample(key, sample_shape)

@@ -309,6 +309,20 @@ def test_jit_matches_eager(case, q):
             assert out.dtype == q.dtype
 
 
+def test_sample_on_its_own_compiles_one_program_per_structure():
+    """``q.sample`` outside a trace is one compiled program per family type, shape and
+    sample shape: new parameters reuse it, and its draws are those under ``jit``."""
+    from jaxvb.families import _base
+
+    q = Gamma(jnp.array([2.0, 3.0]), jnp.array([1.0, 0.5]))
+    first = q.sample(jax.random.key(0), (4,))
+    size = _base._sample_compiled._cache_size()
+    Gamma(jnp.array([5.0, 1.5]), jnp.array([2.0, 2.0])).sample(jax.random.key(1), (4,))
+    assert _base._sample_compiled._cache_size() == size
+    traced = jax.jit(lambda q, k: q.sample(k, (4,)))(q, jax.random.key(0))
+    np.testing.assert_allclose(first, traced, rtol=1e-13, atol=0)
+
+
 # --- 3. vmap over a batch of families ------------------------------------------------
 
 
