@@ -248,10 +248,13 @@ class LatentGaussianApproximation(Family):
         Gaussian ``q(f | theta)``'s gap varies with ``theta`` and biases ``q(theta)``.
 
         Draws ``num_theta`` hyperparameters from ``q(theta)`` widened (its covariance
-        times ``widen^2``) and, for each, ``num_f`` fields of ``q(f | theta)``. Each
+        times ``widen^2``) and, for each, ``num_f`` fields: half of ``q(f | theta)``,
+        half of the Laplace approximation of ``p(f | theta, y)`` at that ``theta``
+        (whose sites follow ``theta`` where ``q``'s fixed sites do not). Each
         ``theta_i`` is weighted by ``w_i = mean_j p(y, theta_i, f_ij) / (r(theta_i)
-        q(f_ij | theta_i))`` (``r`` the widened proposal; an unbiased estimate of
-        ``p(y, theta_i) / r(theta_i)``, the conditional gap integrated out), the
+        s(f_ij | theta_i))`` (``r`` the widened proposal, ``s`` the even mixture of the
+        two Gaussians; an unbiased estimate of ``p(y, theta_i) / r(theta_i)``, the
+        conditional gap integrated out), the
         weights Pareto-smoothed (:func:`jaxvb.diagnostics.psis`); each ``theta_i``
         keeps one of its fields, picked by its ratio, and the ``n`` draws resample
         the pairs by the smoothed weights (sampling importance resampling, two
@@ -265,7 +268,9 @@ class LatentGaussianApproximation(Family):
           num_theta: hyperparameter draws weighted; the estimate's noise falls as
             ``1 / sqrt(ess)``.
           num_f: fields per hyperparameter draw (``num_theta * num_f`` evaluations of
-            the log joint, in chunks; ``2 num_theta`` factorisations).
+            the log joint, in chunks; per hyperparameter draw, a Newton search for
+            the Laplace approximation and three factorisations). With ``num_f = 1``
+            the one field is ``q(f | theta)``'s.
           widen: the proposal's scale against ``q(theta)``'s (``>= 1``). Wider
             proposals reach where ``q(theta)`` is too narrow, but there the fixed
             sites fit ``p(f | theta, y)`` worse and the inner ratios get noisier, which
@@ -409,15 +414,47 @@ def _importance_resample(q, key, n, num_theta, num_f, widen):
     theta = proposal.sample(k_theta, (num_theta,))
     log_proposal = jax.vmap(proposal.log_prob)(theta)
 
+    # q(f | theta)'s fixed sites fit p(f | theta, y) near q(theta)'s mean; where a
+    # hyperparameter draw lies far from it (a larger prior scale of a binary or
+    # count field) q(f | theta) can miss most of p(f | theta, y) while its ratios
+    # hardly vary, and then p(y | theta) is underestimated there, with no sign in the
+    # weights: the resampled hyperparameters stay as narrow as q(theta). Half the
+    # fields come from the Laplace approximation at each theta instead (its sites at
+    # the mode of p(f | theta, y)), and each field is weighed against the even
+    # mixture of the two (a defensive, deterministic-mixture estimate: unbiased, and
+    # never much worse than the better of the two at that theta).
+    from jaxvb.latent.start import _newton_sites  # start imports this module
+
+    num_q = (num_f + 1) // 2
+    num_laplace = num_f - num_q
+
+    def gaussian(a, b, th, z):
+        """Fields ``(len(z), N)`` of ``N(mu, P^{-1})`` from the sites ``(a, b)``, with
+        the means, factors and ``log|P|`` to weigh other fields against it."""
+        mu, chol, ops, *_ = _conditional(model, a, b, th)
+        f = (mu[:, None] + ops.back(chol, after(z, mu))).T
+        return f, mu, ops.logdet(chol)
+
+    def log_density(f, mu, logdet, a, precision, ops):
+        """``log N(f_j; mu, P^{-1})`` with ``P = Q(theta) + L' diag(a) L``."""
+        p = _field.add_linear_sites(ops, precision, a, model.design, a.shape[-1])
+        d = (f - mu).T
+        quad = jnp.sum(d * ops.matvec(p, d), 0)
+        return 0.5 * (logdet - num_field * _LOG_2PI) - 0.5 * quad
+
     def at(th, key_i):
-        """For one ``theta``: ``log p(y, theta, f_j) - log q(f_j | theta)`` over ``num_f``
-        draws of ``q(f | theta)``, and one of the draws picked by its ratio."""
-        mu, chol, ops = q.conditional(th)
+        """For one ``theta``: ``log p(y, theta, f_j) - log r(f_j | theta)`` over
+        ``num_f`` fields (``r`` the mixture of ``q(f | theta)`` and the Laplace
+        approximation), and one of the fields picked by its ratio."""
         k_z, k_j = jax.random.split(key_i)
         z = _random.normal(k_z, (num_field, num_f), q.dtype)
-        f = (mu[:, None] + ops.back(chol, after(z, mu))).T  # (num_f, N), in turn
-        log_q_f = 0.5 * (ops.logdet(chol) - num_field * _LOG_2PI) - 0.5 * jnp.sum(z * z, 0)
-        # the prior after q(f | theta)'s fields, whose factor and triangular solves
+        f_q, mu_q, logdet_q = gaussian(q.site_precision, q.site_shift, th, z[:, :num_q])
+        f = f_q
+        if num_laplace:
+            a_l, b_l = _newton_sites(model, after(th, f_q))
+            f_l, mu_l, logdet_l = gaussian(a_l, b_l, th, z[:, num_q:])
+            f = jnp.concatenate([f_q, f_l])
+        # the prior after the fields' draws, whose factor and triangular solves
         # are batched LAPACK kernels: a prior built from a covariance factors it (a
         # NumPyro MultivariateNormal), a precision's log-determinant factors it, and
         # two batched kernels scheduled at once can hang XLA:CPU (jaxvb._platform:
@@ -425,14 +462,22 @@ def _importance_resample(q, key, n, num_theta, num_f, widen):
         # hung a 30-value dense field)
         m, precision, log_norm = model.prior_of_field(after(th, f))
         prior_ops = _field.ops(precision)
-        precision = after(precision, f)  # factored after q(f | theta)'s draws
+        precision = after(precision, f)  # factored after the fields' draws
+        log_r = log_density(f, mu_q, logdet_q, q.site_precision, precision, prior_ops)
+        if num_laplace:
+            log_l = log_density(f, mu_l, logdet_l, a_l, precision, prior_ops)
+            log_r = jax.nn.logsumexp(
+                jnp.stack([log_r, log_l]),
+                axis=0,
+                b=jnp.array([num_q / num_f, num_laplace / num_f], q.dtype)[:, None],
+            )
         log_norm = _prior_log_norm(prior_ops, precision, log_norm, num_field)
         n_sites = model.num_sites(precision, num_field)
         d = (f - m).T  # (N, num_f)
         quad = jnp.sum(d * prior_ops.matvec(precision, d), 0)
         eta = jax.vmap(lambda fj: _field.project(fj, model.design, n_sites))(f)
         lik = jax.vmap(lambda e: jnp.sum(model.site_log_lik(e, th)))(eta)
-        ratio = model.prior_log_density(th) + log_norm - 0.5 * quad + lik - log_q_f
+        ratio = model.prior_log_density(th) + log_norm - 0.5 * quad + lik - log_r
         ratio = jnp.where(jnp.isnan(ratio), -jnp.inf, ratio)
         return ratio, f[jax.random.categorical(k_j, ratio)]
 
