@@ -28,7 +28,7 @@ from jaxvb.diagnostics.pareto import resample_indices
 from jaxvb.families._base import Array, Family, build, is_concrete, register_family
 from jaxvb.families.gaussian import Gaussian
 from jaxvb.latent import _field
-from jaxvb.latent.target import _LOG_2PI, _conditional, _prior_log_norm
+from jaxvb.latent.target import _LOG_2PI, _conditional, _newton_sites, _prior_log_norm
 
 if TYPE_CHECKING:
     from jaxvb.latent.model import LatentGaussian
@@ -414,33 +414,7 @@ def _importance_resample(q, key, n, num_theta, num_f, widen):
     theta = proposal.sample(k_theta, (num_theta,))
     log_proposal = jax.vmap(proposal.log_prob)(theta)
 
-    # q(f | theta)'s fixed sites fit p(f | theta, y) near q(theta)'s mean; where a
-    # hyperparameter draw lies far from it (a larger prior scale of a binary or
-    # count field) q(f | theta) can miss most of p(f | theta, y) while its ratios
-    # hardly vary, and then p(y | theta) is underestimated there, with no sign in the
-    # weights: the resampled hyperparameters stay as narrow as q(theta). Half the
-    # fields come from the Laplace approximation at each theta instead (its sites at
-    # the mode of p(f | theta, y)), and each field is weighed against the even
-    # mixture of the two (a defensive, deterministic-mixture estimate: unbiased, and
-    # never much worse than the better of the two at that theta).
-    from jaxvb.latent.start import _newton_sites  # start imports this module
-
-    num_q = (num_f + 1) // 2
-    num_laplace = num_f - num_q
-
-    def gaussian(a, b, th, z):
-        """Fields ``(len(z), N)`` of ``N(mu, P^{-1})`` from the sites ``(a, b)``, with
-        the means, factors and ``log|P|`` to weigh other fields against it."""
-        mu, chol, ops, *_ = _conditional(model, a, b, th)
-        f = (mu[:, None] + ops.back(chol, after(z, mu))).T
-        return f, mu, ops.logdet(chol)
-
-    def log_density(f, mu, logdet, a, precision, ops):
-        """``log N(f_j; mu, P^{-1})`` with ``P = Q(theta) + L' diag(a) L``."""
-        p = _field.add_linear_sites(ops, precision, a, model.design, a.shape[-1])
-        d = (f - mu).T
-        quad = jnp.sum(d * ops.matvec(p, d), 0)
-        return 0.5 * (logdet - num_field * _LOG_2PI) - 0.5 * quad
+    num_q = (num_f + 1) // 2  # fields of q(f | theta); the rest are Laplace's
 
     def at(th, key_i):
         """For one ``theta``: ``log p(y, theta, f_j) - log r(f_j | theta)`` over
@@ -448,12 +422,7 @@ def _importance_resample(q, key, n, num_theta, num_f, widen):
         approximation), and one of the fields picked by its ratio."""
         k_z, k_j = jax.random.split(key_i)
         z = _random.normal(k_z, (num_field, num_f), q.dtype)
-        f_q, mu_q, logdet_q = gaussian(q.site_precision, q.site_shift, th, z[:, :num_q])
-        f = f_q
-        if num_laplace:
-            a_l, b_l = _newton_sites(model, after(th, f_q))
-            f_l, mu_l, logdet_l = gaussian(a_l, b_l, th, z[:, num_q:])
-            f = jnp.concatenate([f_q, f_l])
+        f, log_r_of = _inner_fields(q, th, z, num_q)
         # the prior after the fields' draws, whose factor and triangular solves
         # are batched LAPACK kernels: a prior built from a covariance factors it (a
         # NumPyro MultivariateNormal), a precision's log-determinant factors it, and
@@ -463,14 +432,7 @@ def _importance_resample(q, key, n, num_theta, num_f, widen):
         m, precision, log_norm = model.prior_of_field(after(th, f))
         prior_ops = _field.ops(precision)
         precision = after(precision, f)  # factored after the fields' draws
-        log_r = log_density(f, mu_q, logdet_q, q.site_precision, precision, prior_ops)
-        if num_laplace:
-            log_l = log_density(f, mu_l, logdet_l, a_l, precision, prior_ops)
-            log_r = jax.nn.logsumexp(
-                jnp.stack([log_r, log_l]),
-                axis=0,
-                b=jnp.array([num_q / num_f, num_laplace / num_f], q.dtype)[:, None],
-            )
+        log_r = log_r_of(precision, prior_ops)
         log_norm = _prior_log_norm(prior_ops, precision, log_norm, num_field)
         n_sites = model.num_sites(precision, num_field)
         d = (f - m).T  # (N, num_f)
@@ -507,3 +469,53 @@ def _importance_resample(q, key, n, num_theta, num_f, widen):
         log_weight_variance=jnp.nanvar(jnp.where(jnp.isfinite(log_w), log_w, jnp.nan)),
         khat_sd=khat_sd(jax.random.fold_in(key, 1), log_w),
     )
+
+
+def _inner_fields(q, th, z, num_q: int):
+    """For one ``theta``: fields ``(num_f, N)`` from the noise ``z`` ``(N, num_f)``,
+    and ``log r(f_j | theta)`` as a function of the prior's precision and operations.
+
+    q(f | theta)'s fixed sites fit p(f | theta, y) near q(theta)'s mean; where a
+    hyperparameter draw lies far from it (a larger prior scale of a binary or count
+    field) q(f | theta) can miss most of p(f | theta, y) while its ratios hardly vary,
+    and then p(y | theta) is underestimated there, with no sign in the weights: the
+    resampled hyperparameters stay as narrow as q(theta). So the first ``num_q``
+    fields are q(f | theta)'s and the rest come from the Laplace approximation at
+    ``theta`` (its sites at the mode of p(f | theta, y)), and each field is weighed
+    against the mixture ``r`` of the two in those proportions (a defensive,
+    deterministic-mixture estimate: unbiased, and never much worse than the better of
+    the two at that ``theta``). With one field, it is q(f | theta)'s alone.
+    """
+    model, num_f = q.model, z.shape[1]
+    f_q, mu_q, logdet_q = _fields(model, q.site_precision, q.site_shift, th, z[:, :num_q])
+    if num_f == num_q:
+        return f_q, lambda p, ops: _log_density(
+            model, f_q, mu_q, logdet_q, q.site_precision, p, ops
+        )
+    a_l, b_l = _newton_sites(model, after(th, f_q))
+    f_l, mu_l, logdet_l = _fields(model, a_l, b_l, th, z[:, num_q:])
+    f = jnp.concatenate([f_q, f_l])
+
+    def log_r(precision, ops):
+        log_q = _log_density(model, f, mu_q, logdet_q, q.site_precision, precision, ops)
+        log_l = _log_density(model, f, mu_l, logdet_l, a_l, precision, ops)
+        shares = jnp.array([num_q / num_f, (num_f - num_q) / num_f], q.dtype)
+        return jax.nn.logsumexp(jnp.stack([log_q, log_l]), axis=0, b=shares[:, None])
+
+    return f, log_r
+
+
+def _fields(model, a, b, th, z):
+    """Fields ``(len(z), N)`` of ``N(mu, P^{-1})`` from the sites ``(a, b)``, with the
+    mean and ``log|P|`` to weigh other fields against it."""
+    mu, chol, ops, *_ = _conditional(model, a, b, th)
+    f = (mu[:, None] + ops.back(chol, after(z, mu))).T
+    return f, mu, ops.logdet(chol)
+
+
+def _log_density(model, f, mu, logdet, a, precision, ops):
+    """``log N(f_j; mu, P^{-1})`` of each field, ``P = Q(theta) + L' diag(a) L``."""
+    p = _field.add_linear_sites(ops, precision, a, model.design, a.shape[-1])
+    d = (f - mu).T
+    quad = jnp.sum(d * ops.matvec(p, d), 0)
+    return 0.5 * (logdet - f.shape[1] * _LOG_2PI) - 0.5 * quad

@@ -1,11 +1,11 @@
 r"""The start of a latent Gaussian fit: a Laplace approximation, in one compiled program.
 
 Newton's method for ``f`` at ``theta`` (the mode of ``p(f | theta, y)``) gives the
-sites (:func:`_newton_sites`); :func:`jaxvb.laplace`'s search on the hyperparameters'
-target ``L`` (:mod:`jaxvb.latent.target`) gives ``q(theta)``; in rounds, each from
-where the last moved to, the sites refreshed (:func:`_start_traced`,
-:data:`ROUND_STEPS`). :meth:`jaxvb.LatentGaussian.start` validates
-``theta0`` and calls it.
+sites (``_newton_sites``, in :mod:`jaxvb.latent.target`); :func:`jaxvb.laplace`'s
+search on the hyperparameters' target ``L`` (:mod:`jaxvb.latent.target`) gives
+``q(theta)``; in rounds, each from where the last moved to, the sites refreshed
+(:func:`_start_traced`, :data:`ROUND_STEPS`). :meth:`jaxvb.LatentGaussian.start`
+validates ``theta0`` and calls it.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from jaxvb.families._base import Array, build
 from jaxvb.latent import _field
 from jaxvb.latent.approximation import LatentGaussianApproximation
 from jaxvb.latent.target import (
+    _newton_sites,
     _prior_log_norm,
     _target,
     _value_grad_hessian_differences,
@@ -54,62 +55,6 @@ def _name_the_prior(model: LatentGaussian, theta0: Array) -> None:
         RuntimeWarning,
         stacklevel=4,
     )
-
-
-def _newton_sites(model: LatentGaussian, theta, num_iter: int = 30):
-    """Sites ``(a, b)`` at the mode of ``p(f | theta, y)``, by Newton's method (at most
-    ``num_iter`` iterations: every loop of the compiled program has a bound; it stops
-    sooner once converged), each step halved until ``log p(f | theta, y)`` does not
-    decrease (at most 30 times): from the prior mean a full step can overshoot far (a
-    Poisson count with a small exposure has a curvature ``exposure * exp(f)`` that is
-    tiny there, and the step is its inverse) and ``exp`` then overflows."""
-    m, precision, _ = model.prior_of_field(theta)
-    ops = _field.ops(precision)
-    qm = ops.matvec(precision, m)
-    num_field = m.shape[-1]
-    n = model.num_sites(precision, num_field)
-    total = lambda eta: jnp.sum(model.site_log_lik(eta, theta))  # noqa: E731
-
-    def objective(f):
-        d = f - m
-        value = total(_field.project(f, model.design, n)) - 0.5 * jnp.dot(
-            d, ops.matvec(precision, d)
-        )
-        return jnp.where(jnp.isfinite(value), value, -jnp.inf)
-
-    def sites(f):
-        eta = _field.project(f, model.design, n)
-        d1, d2 = jax.jvp(jax.grad(total), (eta,), (jnp.ones_like(eta),))
-        a = jnp.maximum(-d2, 0.0)
-        return a, d1 + a * eta
-
-    def body(state):
-        i, f, _ = state
-        a, b = sites(f)
-        p = _field.add_linear_sites(ops, precision, a, model.design, n)
-        new = ops.solve(ops.chol(p), qm + _field.lift(b, model.design, num_field))
-        full = jnp.where(jnp.all(jnp.isfinite(new)), new - f, jnp.zeros_like(f))
-        current = objective(f)
-
-        def worse(state):
-            step, tries = state
-            return (objective(f + step) < current) & (tries < 30)
-
-        step, _ = jax.lax.while_loop(
-            worse, lambda state: (0.5 * state[0], state[1] + 1), (full, 0)
-        )
-        f_next = jnp.where(objective(f + step) >= current, f + step, f)
-        # done once the full Newton step is below eps^(3/4) of f's scale (the next
-        # would square it: nothing left to gain) or f stops moving (it then never
-        # would: the iteration is deterministic)
-        small = jnp.max(jnp.abs(full)) <= tiny * (1.0 + jnp.max(jnp.abs(f)))
-        return i + 1, f_next, small | jnp.all(f_next == f)
-
-    tiny = jnp.finfo(m.dtype).eps ** 0.75
-    _, f, _ = jax.lax.while_loop(
-        lambda state: (state[0] < num_iter) & ~state[2], body, (0, m, False)
-    )
-    return sites(f)
 
 
 #: How far each round of the start but the last may move a hyperparameter

@@ -825,7 +825,7 @@ def test_newton_stops_at_the_mode(dtype, grad_tol, rtol):
     mean is the mode of ``p(f | theta, y)`` (gradient ~0) and 30 more iterations do
     not move it."""
     from jaxvb.latent import _field
-    from jaxvb.latent.start import _newton_sites
+    from jaxvb.latent.target import _newton_sites
 
     counts = jnp.asarray(np.random.default_rng(2).poisson(3.0, size=T), dtype)
     model = jaxvb.LatentGaussian(
