@@ -210,6 +210,7 @@ def test_a_failing_loader_and_a_full_disk_keep_what_is_done(
     assert summary.num_fitted == 4 and files(store) == files(reference[0])
 
 
+@pytest.mark.slow  # a program of its own
 def test_any_pytree_of_arrays(tmp_path):
     def draw(key, x):
         return {"x": x + jax.random.normal(key, x.shape), "pair": (x.sum(), jnp.int32(1))}
@@ -231,6 +232,7 @@ def test_any_pytree_of_arrays(tmp_path):
     assert isinstance(pairs, Pair) and pairs.b.tolist() == (2 * xs).tolist()
 
 
+@pytest.mark.slow  # a program of its own
 def test_the_fits_do_not_depend_on_the_chunking(reference, tmp_path):
     """A chunk of one: the same fits (to rounding: a batch of another size is another
     program), and a second compiled program, for the second chunk size."""
